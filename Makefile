@@ -1,0 +1,35 @@
+# The front door. `make test` and `make demo` each set the machine up first (scripts/bootstrap.sh).
+VENV := .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: bootstrap test demo bench lint shim clean cleanup
+
+bootstrap:
+	@bash scripts/bootstrap.sh
+
+shim:
+	$(MAKE) -C shim
+
+test: bootstrap
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	@if [ -f shim/Makefile ]; then $(MAKE) -s -C shim test; fi
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+demo: bootstrap
+	$(VENV)/bin/failslow testbed demo
+
+bench: bootstrap
+	$(PY) -m bench
+
+lint: bootstrap
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
+
+cleanup:
+	-$(VENV)/bin/failslow testbed cleanup
+
+clean:
+	rm -rf shim/build .pytest_cache .mypy_cache .ruff_cache

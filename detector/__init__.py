@@ -1,0 +1,1 @@
+"""Streaming fail-slow detector service over Prometheus series."""

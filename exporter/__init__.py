@@ -1,0 +1,1 @@
+"""Node agent: reads shim and torch-hook rings plus NVML, serves per-rank metrics to Prometheus."""

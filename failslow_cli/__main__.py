@@ -1,0 +1,5 @@
+import sys
+
+from failslow_cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Alertmanager webhook that plans and executes mitigations (ski-rental)."""
