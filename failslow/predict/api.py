@@ -1,0 +1,105 @@
+"""One entry point over the coarse models and the simulation: throughput for a list of worker counts.
+
+`predict(profile, [1, 2, 4, 8], arch="ring", model="coarse")` is what `failslow predict` calls and what
+the remediator's "what will throughput be without that node" question needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from failslow.errors import InputError
+from failslow.predict.coarse import ARCHS, Arch, coarse_throughput, ps_async
+from failslow.predict.des import Sharing, simulate
+from failslow.predict.profile import Profile
+
+MODELS = ("coarse", "fine")
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """Predicted samples per second for each worker count."""
+
+    arch: str
+    model: str
+    throughput: dict[int, float]
+    details: dict[int, dict[str, Any]] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The documented CLI output: ``{"arch", "model", "throughput": {"<K>": samples/s}}``."""
+        return {"arch": self.arch, "model": self.model,
+                "throughput": {str(k): v for k, v in sorted(self.throughput.items())}}
+
+
+def worker_slowdown(k: int, slowdown: Sequence[float] | None) -> list[float] | None:
+    """Per-worker factors for K workers: the given ones for the first workers, 1.0 for the rest."""
+    if slowdown is None:
+        return None
+    f = [float(x) for x in slowdown[:k]]
+    return f + [1.0] * (k - len(f))
+
+
+def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model: str = "coarse", *,
+            bandwidth: float | None = None, link: str | None = None, overlap: bool | None = None,
+            slowdown: Sequence[float] | None = None, steps: int = 100, warmup: int = 5,
+            seed: int = 0) -> Prediction:
+    """Predict throughput (samples/s) of K workers for every K in `workers`.
+
+    Args:
+        profile: the single-worker profile.
+        workers: worker counts to predict for (each >= 1).
+        arch: ``ring``, ``ps-sync`` or ``ps-async``.
+        model: ``coarse`` (closed forms / MVA) or ``fine`` (discrete-event simulation).
+        bandwidth: nominal link rate in bytes/s replacing the profile's.
+        link: coarse: link model (see `coarse_throughput`); fine: ``ps``/``fcfs`` sharing of the server
+            links (default: what the coarse async model picks by utilisation; ``ps`` otherwise).
+        overlap: override the profile's overlap flag.
+        slowdown: compute slowdown factors of the first workers (the rest run at profile speed).
+        steps, warmup, seed: simulation length, left-out start and sampler seed (fine model).
+
+    Raises:
+        InputError: bad architecture, model, worker count or option.
+    """
+    if arch not in ARCHS:
+        raise InputError(f"unknown architecture {arch!r}; use one of {', '.join(ARCHS)}")
+    if model not in MODELS:
+        raise InputError(f"unknown model {model!r}; use coarse or fine")
+    ks = list(workers)
+    if not ks:
+        raise InputError("no worker counts given")
+    for k in ks:
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+            raise InputError(f"worker counts must be positive integers, got {k!r}")
+        if k > 4096:
+            raise InputError(f"{k} workers is beyond what the models are meant for (<= 4096)")
+    if slowdown is not None:
+        for x in slowdown:
+            if not (np.isfinite(x) and x > 0):
+                raise InputError(f"slowdown factors must be positive, got {x!r}")
+    p = profile if bandwidth is None else profile.with_bandwidth(bandwidth)
+    a: Arch = arch
+    out: dict[int, float] = {}
+    details: dict[int, dict[str, Any]] = {}
+    for k in ks:
+        sd = worker_slowdown(int(k), slowdown)
+        if model == "coarse":
+            out[int(k)] = coarse_throughput(p, int(k), a, link=link, overlap=overlap, slowdown=sd)
+            continue
+        sharing: Sharing
+        if link == "ps":
+            sharing = "ps"
+        elif link == "fcfs":
+            sharing = "fcfs"
+        elif link is None or link == "auto":
+            sharing = ps_async(p, int(k), overlap=overlap, slowdown=sd).link_kind if a == "ps-async" else "ps"
+        else:
+            raise InputError(f"fine model link sharing must be ps, fcfs or auto, got {link!r}")
+        res = simulate(p, int(k), a, steps=steps, warmup=warmup, sharing=sharing, overlap=overlap,
+                       slowdown=sd, seed=seed)
+        out[int(k)] = res.samples_per_s
+        details[int(k)] = {"sharing": sharing, "events": res.events}
+    return Prediction(arch=arch, model=model, throughput=out, details=details)

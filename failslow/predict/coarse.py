@@ -1,0 +1,240 @@
+"""Coarse-grained throughput models of data-parallel SGD (Li, Paolieri & Golubchik, TPDS 2022).
+
+Each model turns a single-worker `Profile` into the throughput of K workers, treating a step as a few
+phases (download, forward, backward, upload, update) rather than per-layer operations:
+
+* ring all-reduce Sync-SGD: T = T_F + T_B + 2(K−1)·M/(K·B) (+ 2(K−1) message latencies) + T_update,
+  and an overlap form where each layer's gradient is all-reduced as soon as its backward finishes;
+* parameter-server Sync-SGD: the *PS model* (the server link shares bandwidth among all K transfers),
+  the *FCFS model* (the server link sends one worker's model at a time, so workers start computing
+  staggered), their average (*hybrid*), and an overlap correction;
+* parameter-server Async-SGD: a closed multi-class queueing network (worker compute as a delay, server
+  downlink, server uplink, server CPU) solved by mean value analysis — exact for small K, Bard–Schweitzer
+  for large K — with PS or FCFS link stations picked by a utilisation threshold and the overlap correction
+  S_W = max(0, S_F − T_D) + max(0, S_B − T_U).
+
+All models take optional per-worker compute slowdown factors (heterogeneous workers). Times are
+seconds, bandwidths payload bytes per second (`Profile.effective_bandwidth`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from failslow.errors import InputError
+from failslow.predict.mva import MVAResult, Station, StationKind, mva_exact, mva_schweitzer
+from failslow.predict.profile import Profile
+
+FloatArray = npt.NDArray[np.float64]
+LinkModel = Literal["ps", "fcfs", "hybrid"]
+
+#: Async link stations switch from PS to FCFS when the busiest link is at least this utilised.
+DEFAULT_FCFS_THRESHOLD = 0.8
+#: Largest K solved by exact MVA (2^K populations); above it Bard–Schweitzer.
+EXACT_MVA_MAX = 10
+
+
+def _factors(k: int, slowdown: Sequence[float] | None) -> FloatArray:
+    if k < 1:
+        raise InputError(f"number of workers must be >= 1, got {k}")
+    if slowdown is None:
+        return np.ones(k)
+    f = np.asarray(slowdown, dtype=np.float64)
+    if f.shape != (k,):
+        raise InputError(f"need one slowdown factor per worker ({k}), got {f.shape[0] if f.ndim else 0}")
+    if not np.all(np.isfinite(f)) or np.any(f <= 0):
+        raise InputError("slowdown factors must be positive and finite")
+    return f
+
+
+def ring_step_time(p: Profile, k: int, *, overlap: bool | None = None,
+                   slowdown: Sequence[float] | None = None) -> float:
+    """Seconds per step of ring all-reduce Sync-SGD with K workers.
+
+    Without overlap: T = max_w(T_F + T_B) + 2(K−1)(M/(K·B) + α) + T_update. With overlap, each layer's
+    gradient is all-reduced (in backward order, one at a time on the ring) as soon as every worker has
+    computed it, so the all-reduce of the last layers hides behind the backward of the first ones.
+    """
+    f = _factors(k, slowdown)
+    ov = p.overlap if overlap is None else overlap
+    slow = float(f.max())
+    bw = p.effective_bandwidth
+    if not ov:
+        comm = 0.0 if k == 1 else 2 * (k - 1) * (p.model_bytes / (k * bw) + p.latency_s)
+        return float(slow * (p.forward_s.sum() + p.backward_s.sum() + p.update_s) + comm)
+    t = float(slow * p.forward_s.sum())
+    link_free = t
+    for layer in range(p.n_layers - 1, -1, -1):
+        t += slow * float(p.backward_s[layer])
+        ar = 0.0 if k == 1 else 2 * (k - 1) * (float(p.param_bytes[layer]) / (k * bw) + p.latency_s)
+        link_free = max(link_free, t) + ar
+    return max(t, link_free) + slow * p.update_s
+
+
+def _makespan(arrivals: FloatArray, work: float) -> float:
+    """When a work-conserving link finishes equal transfers arriving at the given times.
+
+    Valid for FCFS and for processor sharing alike (the total is the same for any work-conserving order).
+    """
+    a = np.sort(arrivals)
+    n = a.shape[0]
+    return float(np.max(a + (n - np.arange(n)) * work))
+
+
+def ps_sync_step_time(p: Profile, k: int, *, link: LinkModel = "hybrid", overlap: bool | None = None,
+                      slowdown: Sequence[float] | None = None) -> float:
+    """Seconds per step of synchronous SGD with one parameter server and K workers.
+
+    The server's link (rate B each way) carries K model downloads then K gradient uploads.
+    ``ps``: downloads share the link, all finish at K·M/B, every worker then computes.
+    ``fcfs``: the server sends whole models one after another, worker i starts computing at i·M/B.
+    Uploads finish at the makespan of a work-conserving link (the same under PS and FCFS); under PS
+    they land together and the server then sums K gradients, under FCFS it sums each as it lands. Then
+    it applies the update. ``hybrid`` averages the two step times. With
+    overlap, the compute a worker does in a step is corrected to max(0, T_F − T_D) + max(0, T_B − T_U)
+    with T_D, T_U its own download/upload times, as forward/backward of a layer start as soon as that
+    layer's parameters arrive / gradients are ready.
+    """
+    if link not in ("ps", "fcfs", "hybrid"):
+        raise InputError(f"link model must be ps, fcfs or hybrid, got {link!r}")
+    if link == "hybrid":
+        return 0.5 * (ps_sync_step_time(p, k, link="ps", overlap=overlap, slowdown=slowdown)
+                      + ps_sync_step_time(p, k, link="fcfs", overlap=overlap, slowdown=slowdown))
+    f = _factors(k, slowdown)
+    ov = p.overlap if overlap is None else overlap
+    m = p.model_bytes / p.effective_bandwidth
+    lat = p.latency_s
+    if link == "ps":
+        down_done = np.full(k, k * m + lat)
+        own_down = np.full(k, k * m)
+    else:
+        down_done = (np.arange(k) + 1.0) * m + lat
+        own_down = np.full(k, m)
+    fwd = f * p.forward_s.sum()
+    bwd = f * p.backward_s.sum()
+    if ov:
+        # Forward overlaps the worker's own download; backward overlaps its upload (≈ one transfer alone
+        # when the others are still computing, k transfers' worth when all upload together).
+        own_up = np.full(k, m)
+        compute = np.maximum(0.0, fwd - own_down) + np.maximum(0.0, bwd - own_up)
+        up_start = down_done + compute
+    else:
+        up_start = down_done + fwd + bwd
+    if link == "ps":
+        # Shared uplink: the K gradients land together, then the server sums them.
+        return _makespan(up_start, m) + lat + k * p.accumulate_s + p.update_s
+    # One gradient at a time: the server sums each as it lands, overlapping the next transfer.
+    link_t = 0.0
+    cpu_t = 0.0
+    for a in np.sort(up_start):
+        link_t = max(link_t, float(a)) + m
+        cpu_t = max(cpu_t, link_t + lat) + p.accumulate_s
+    return cpu_t + p.update_s
+
+
+@dataclass(frozen=True)
+class AsyncPrediction:
+    """Async-SGD throughput from the queueing network, with what the solver chose."""
+
+    steps_per_s: FloatArray  # per worker
+    link_kind: StationKind
+    exact: bool
+    link_utilisation: float
+    mva: MVAResult
+
+    @property
+    def total_steps_per_s(self) -> float:
+        """Gradient updates per second applied by the server (all workers)."""
+        return float(self.steps_per_s.sum())
+
+
+def ps_async(p: Profile, k: int, *, link: StationKind | Literal["auto"] = "auto",
+             threshold: float = DEFAULT_FCFS_THRESHOLD, overlap: bool | None = None,
+             slowdown: Sequence[float] | None = None, exact_max: int = EXACT_MVA_MAX) -> AsyncPrediction:
+    """Async-SGD with a parameter server as a closed multi-class queueing network solved by MVA.
+
+    Each worker is a class with one job: its step cycles through the server downlink (M/B), its own
+    compute (a delay, scaled by its slowdown factor), the server uplink (M/B) and the server CPU
+    (accumulate + update). Links are PS stations unless the busiest link's utilisation under PS reaches
+    ``threshold`` (or ``link="fcfs"``), then FCFS with deterministic transfers (cv² = 0): a saturated
+    link sends whole messages back-to-back. With overlap, the worker's delay is the overlap-corrected
+    S_W = max(0, S_F − T_D) + max(0, S_B − T_U), T_D/T_U the MVA response times of the links, iterated
+    to a fixed point.
+    """
+    if link not in ("auto", "ps", "fcfs"):
+        raise InputError(f"async link model must be auto, ps or fcfs, got {link!r}")
+    if not 0 < threshold <= 1.5:
+        raise InputError(f"utilisation threshold must be in (0, 1.5], got {threshold}")
+    f = _factors(k, slowdown)
+    ov = p.overlap if overlap is None else overlap
+    m = p.model_bytes / p.effective_bandwidth
+    fwd = f * p.forward_s.sum()
+    bwd = f * p.backward_s.sum()
+    server = np.full(k, p.accumulate_s + p.update_s)
+    exact = k <= exact_max
+
+    def solve(kind: StationKind) -> MVAResult:
+        stations = [Station("downlink", np.full(k, m), kind, 0.0 if kind == "fcfs" else 1.0),
+                    Station("uplink", np.full(k, m), kind, 0.0 if kind == "fcfs" else 1.0),
+                    Station("server", server, "fcfs", 0.0)]
+        delay = fwd + bwd + 2 * p.latency_s
+        res = (mva_exact if exact else mva_schweitzer)(stations, delay)
+        if not ov:
+            return res
+        for _ in range(50):
+            t_d, t_u = res.response[0], res.response[1]
+            new_delay = np.maximum(0.0, fwd - t_d) + np.maximum(0.0, bwd - t_u) + 2 * p.latency_s
+            if np.allclose(new_delay, delay, rtol=1e-9, atol=1e-12):
+                break
+            delay = 0.5 * (delay + new_delay)  # damped: the fixed point can oscillate
+            res = (mva_exact if exact else mva_schweitzer)(stations, delay)
+        return res
+
+    kind: StationKind = "ps" if link in ("auto", "ps") else "fcfs"
+    res = solve(kind)
+    util = float(res.utilisation[:2].max())
+    if link == "auto" and util >= threshold:
+        kind = "fcfs"
+        res = solve(kind)
+        util = float(res.utilisation[:2].max())
+    return AsyncPrediction(steps_per_s=res.throughput, link_kind=kind, exact=exact, link_utilisation=util,
+                           mva=res)
+
+
+Arch = Literal["ring", "ps-sync", "ps-async"]
+ARCHS: tuple[Arch, ...] = ("ring", "ps-sync", "ps-async")
+
+
+def coarse_throughput(p: Profile, k: int, arch: Arch, *, link: str | None = None, overlap: bool | None = None,
+                      slowdown: Sequence[float] | None = None) -> float:
+    """Samples per second of K workers under an architecture, by the coarse models.
+
+    Args:
+        p: single-worker profile.
+        k: number of workers.
+        arch: ``ring``, ``ps-sync`` or ``ps-async``.
+        link: link model — ps-sync: ``ps``/``fcfs``/``hybrid`` (default hybrid); ps-async:
+            ``auto``/``ps``/``fcfs`` (default auto); ignored for ring.
+        overlap: override the profile's overlap flag.
+        slowdown: per-worker compute slowdown factors.
+    """
+    if arch == "ring":
+        return k * p.batch_size / ring_step_time(p, k, overlap=overlap, slowdown=slowdown)
+    if arch == "ps-sync":
+        lk = link or "hybrid"
+        if lk not in ("ps", "fcfs", "hybrid"):
+            raise InputError(f"ps-sync link model must be ps, fcfs or hybrid, got {lk!r}")
+        return k * p.batch_size / ps_sync_step_time(p, k, link=lk, overlap=overlap,  # type: ignore[arg-type]
+                                                    slowdown=slowdown)
+    if arch == "ps-async":
+        lk = link or "auto"
+        if lk not in ("auto", "ps", "fcfs"):
+            raise InputError(f"ps-async link model must be auto, ps or fcfs, got {lk!r}")
+        pred = ps_async(p, k, link=lk, overlap=overlap, slowdown=slowdown)  # type: ignore[arg-type]
+        return pred.total_steps_per_s * p.batch_size
+    raise InputError(f"unknown architecture {arch!r}; use one of {', '.join(ARCHS)}")

@@ -1,0 +1,432 @@
+"""Fine-grained discrete-event simulation of data-parallel SGD steps, operation by operation.
+
+Where the coarse models see a step as a few phases, this simulates each layer's operations — download
+of its parameters, forward, backward, upload of its gradient, the server's update — as a DAG, on
+resources with their own schedulers:
+
+* each worker's processor: FIFO, one operation at a time (forward l needs forward l−1 and, for a
+  parameter server, the parameters of layer l; backward l needs backward l+1);
+* the server's links (downlink and uplink): ``fcfs`` (one message at a time at full rate) or ``ps``
+  (processor sharing: active flows split the rate, each capped at ``flow_cap`` — the worker's own
+  link), plus a fixed per-message latency;
+* the ring for all-reduce: a collective per gradient bucket that starts when every worker has the
+  bucket and takes 2(K−1)(bytes/(K·B) + α); buckets go round the ring one at a time in order;
+* the server's processor: FIFO (accumulate a gradient, apply the update).
+
+Steps are synchronous (ring all-reduce; PS Sync-SGD: the server waits for all K gradients) or
+asynchronous (PS Async-SGD: the server applies each gradient as it comes and sends that worker fresh
+parameters). Every worker-step draws one profiled step (per-layer forward/backward times) at random
+with a seeded generator, so variance — and the max over K workers at a barrier — is carried through.
+Each worker sends its messages in layer order over one connection (one in flight per worker).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+import numpy.typing as npt
+
+from failslow.errors import InputError
+from failslow.predict.profile import Profile
+
+FloatArray = npt.NDArray[np.float64]
+Sharing = Literal["fcfs", "ps"]
+Arch = Literal["ring", "ps-sync", "ps-async"]
+
+Callback = Callable[[Any], None]
+
+
+class _Sim:
+    """The event loop: a heap of (time, sequence, callback, argument)."""
+
+    __slots__ = ("events", "heap", "now", "seq")
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.heap: list[tuple[float, int, Callback, Any]] = []
+        self.seq = 0
+        self.events = 0
+
+    def after(self, delay: float, fn: Callback, arg: Any = None) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (self.now + delay, self.seq, fn, arg))
+
+    def run(self) -> None:
+        heap = self.heap
+        pop = heapq.heappop
+        while heap:
+            t, _, fn, arg = pop(heap)
+            self.now = t
+            self.events += 1
+            fn(arg)
+
+
+class _Fifo:
+    """A resource serving one operation at a time, in arrival order."""
+
+    __slots__ = ("busy", "queue", "sim")
+
+    def __init__(self, sim: _Sim) -> None:
+        self.sim = sim
+        self.queue: deque[tuple[float, Callback, Any]] = deque()
+        self.busy = False
+
+    def submit(self, duration: float, cb: Callback, arg: Any = None) -> None:
+        if self.busy:
+            self.queue.append((duration, cb, arg))
+        else:
+            self.busy = True
+            self.sim.after(duration, self._done, (cb, arg))
+
+    def _done(self, x: tuple[Callback, Any]) -> None:
+        if self.queue:
+            dur, cb2, arg2 = self.queue.popleft()
+            self.sim.after(dur, self._done, (cb2, arg2))
+        else:
+            self.busy = False
+        x[0](x[1])
+
+
+class _FcfsLink:
+    """A link that sends whole messages one after another at min(rate, flow cap), then a latency."""
+
+    __slots__ = ("cap", "fifo", "latency", "rate", "sim")
+
+    def __init__(self, sim: _Sim, rate: float, flow_cap: float, latency: float) -> None:
+        self.sim = sim
+        self.fifo = _Fifo(sim)
+        self.rate = min(rate, flow_cap)
+        self.latency = latency
+        self.cap = flow_cap
+
+    def send(self, nbytes: float, cb: Callback, arg: Any = None) -> None:
+        self.fifo.submit(nbytes / self.rate, self._sent, (cb, arg))
+
+    def _sent(self, x: tuple[Callback, Any]) -> None:
+        self.sim.after(self.latency, x[0], x[1])
+
+
+class _PsLink:
+    """A processor-sharing link: active flows split the rate (water-filling under a per-flow cap)."""
+
+    __slots__ = ("cap", "flows", "last", "latency", "rate", "sim", "token")
+
+    def __init__(self, sim: _Sim, rate: float, flow_cap: float, latency: float) -> None:
+        self.sim = sim
+        self.rate = rate
+        self.cap = flow_cap
+        self.latency = latency
+        # each flow: [remaining bytes, current rate, callback, argument]
+        self.flows: list[list[Any]] = []
+        self.last = 0.0
+        self.token = 0
+
+    def send(self, nbytes: float, cb: Callback, arg: Any = None) -> None:
+        self._advance()
+        self.flows.append([float(nbytes), 0.0, cb, arg])
+        self._reschedule()
+
+    def _advance(self) -> None:
+        dt = self.sim.now - self.last
+        if dt > 0:
+            for f in self.flows:
+                f[0] -= f[1] * dt
+        self.last = self.sim.now
+
+    def _reschedule(self) -> None:
+        n = len(self.flows)
+        if n == 0:
+            return
+        # Equal caps, so water-filling reduces to min(cap, rate / n).
+        r = min(self.cap, self.rate / n)
+        nxt = float("inf")
+        for f in self.flows:
+            f[1] = r
+            nxt = min(nxt, f[0] / r)
+        self.token += 1
+        self.sim.after(max(nxt, 0.0), self._complete, self.token)
+
+    def _complete(self, token: int) -> None:
+        if token != self.token:
+            return  # a newer arrival or completion rescheduled the link
+        self._advance()
+        done = [f for f in self.flows if f[0] <= 1e-9 * max(1.0, f[1])]
+        self.flows = [f for f in self.flows if f[0] > 1e-9 * max(1.0, f[1])]
+        self._reschedule()
+        for f in done:
+            self.sim.after(self.latency, f[2], f[3])
+
+
+class _Ring:
+    """Ring all-reduce: one bucket at a time round the ring, each once every worker has produced it."""
+
+    __slots__ = ("arrived", "bw", "fifo", "k", "latency", "waiting")
+
+    def __init__(self, sim: _Sim, k: int, bw: float, latency: float) -> None:
+        self.fifo = _Fifo(sim)
+        self.k = k
+        self.bw = bw
+        self.latency = latency
+        self.arrived: dict[Any, int] = {}
+        self.waiting: dict[Any, list[tuple[Callback, Any]]] = {}
+
+    def submit(self, key: Any, nbytes: float, cb: Callback, arg: Any = None) -> None:
+        n = self.arrived.get(key, 0) + 1
+        self.arrived[key] = n
+        self.waiting.setdefault(key, []).append((cb, arg))
+        if n == self.k:
+            k = self.k
+            dur = 0.0 if k == 1 else 2 * (k - 1) * (nbytes / (k * self.bw) + self.latency)
+            self.fifo.submit(dur, self._done, key)
+
+    def _done(self, key: Any) -> None:
+        del self.arrived[key]
+        for cb, arg in self.waiting.pop(key):
+            cb(arg)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """What a simulation run measured."""
+
+    samples_per_s: float
+    steps_per_s: float  # worker-steps per second, all workers together
+    sim_time_s: float
+    events: int
+    step_end_s: FloatArray  # (workers, steps): when each worker finished each step
+
+
+class _Worker:
+    __slots__ = ("arrived", "bwd", "computing", "cpu", "fwd", "fwd_next", "grads_out", "index", "reduced",
+                 "send_q", "sending", "step", "up_done")
+
+    def __init__(self, index: int, cpu: _Fifo) -> None:
+        self.index = index
+        self.cpu = cpu
+        self.step = -1
+        self.fwd: FloatArray = np.zeros(0)
+        self.bwd: FloatArray = np.zeros(0)
+        self.arrived = 0
+        self.fwd_next = 0
+        self.computing = False
+        self.send_q: deque[float] = deque()
+        self.sending = False
+        self.up_done = 0
+        self.reduced = 0
+        self.grads_out = 0
+
+
+class _Job:
+    """Wires workers, links, ring and server together and runs the step DAG."""
+
+    def __init__(self, p: Profile, k: int, arch: Arch, *, steps: int, sharing: Sharing, overlap: bool,
+                 flow_cap: float | None, slowdown: FloatArray, rng: np.random.Generator) -> None:
+        self.p = p
+        self.k = k
+        self.arch = arch
+        self.steps = steps
+        self.overlap = overlap
+        self.sim = _Sim()
+        bw = p.effective_bandwidth
+        cap = bw if flow_cap is None else flow_cap
+        link_cls = _PsLink if sharing == "ps" else _FcfsLink
+        self.down = link_cls(self.sim, bw, cap, p.latency_s)
+        self.up = link_cls(self.sim, bw, cap, p.latency_s)
+        self.ring = _Ring(self.sim, k, min(bw, cap), p.latency_s)
+        self.server = _Fifo(self.sim)
+        self.workers = [_Worker(i, _Fifo(self.sim)) for i in range(k)]
+        self.slowdown = slowdown
+        sf, sb = p.step_samples()
+        self.sf, self.sb = sf, sb
+        # One draw per worker-step, made up front so results depend only on the seed.
+        self.draws = rng.integers(0, sf.shape[0], size=(k, steps))
+        self.nl = p.n_layers
+        self.msg_bytes: list[float] = (p.param_bytes.tolist() if overlap else [p.model_bytes])
+        self.ends = np.full((k, steps), np.nan)
+        self.sync_uploads = 0
+
+    # --- step lifecycle -------------------------------------------------------------------------------
+    def start(self) -> None:
+        for w in self.workers:
+            self._begin_step(w)
+        if self.arch != "ring":
+            for w in self.workers:
+                self._download(w)
+
+    def _begin_step(self, w: _Worker) -> None:
+        w.step += 1
+        d = self.draws[w.index, w.step]
+        s = self.slowdown[w.index]
+        w.fwd = self.sf[d] * s
+        w.bwd = self.sb[d] * s
+        w.fwd_next = 0
+        w.computing = False
+        w.up_done = 0
+        w.reduced = 0
+        w.grads_out = 0
+        # Ring workers hold the parameters already; PS workers wait for them.
+        w.arrived = self.nl if self.arch == "ring" else 0
+        if self.arch == "ring":
+            self._try_forward(w)
+
+    def _download(self, w: _Worker) -> None:
+        self._download_msg((w, 0))
+
+    def _download_msg(self, x: tuple[_Worker, int]) -> None:
+        w, i = x
+        self.down.send(self.msg_bytes[i], self._downloaded, (w, i))
+
+    def _downloaded(self, x: tuple[_Worker, int]) -> None:
+        w, i = x
+        w.arrived = self.nl if not self.overlap else i + 1
+        if i + 1 < len(self.msg_bytes):
+            self._download_msg((w, i + 1))
+        self._try_forward(w)
+
+    def _try_forward(self, w: _Worker) -> None:
+        if w.computing or w.fwd_next >= self.nl or w.fwd_next >= w.arrived:
+            return
+        w.computing = True
+        w.cpu.submit(float(w.fwd[w.fwd_next]), self._forwarded, w)
+
+    def _forwarded(self, w: _Worker) -> None:
+        w.computing = False
+        w.fwd_next += 1
+        if w.fwd_next < self.nl:
+            self._try_forward(w)
+        else:
+            w.computing = True
+            w.cpu.submit(float(w.bwd[self.nl - 1]), self._backwarded, (w, self.nl - 1))
+
+    def _backwarded(self, x: tuple[_Worker, int]) -> None:
+        w, layer = x
+        if self.overlap:
+            self._gradient_ready(w, layer, float(self.p.param_bytes[layer]))
+        elif layer == 0:
+            self._gradient_ready(w, -1, self.p.model_bytes)
+        if layer > 0:
+            w.cpu.submit(float(w.bwd[layer - 1]), self._backwarded, (w, layer - 1))
+        else:
+            w.computing = False
+
+    def _gradient_ready(self, w: _Worker, layer: int, nbytes: float) -> None:
+        w.grads_out += 1
+        if self.arch == "ring":
+            self.ring.submit((w.step, layer), nbytes, self._reduced, w)
+            return
+        w.send_q.append(nbytes)
+        if not w.sending:
+            self._upload_next(w)
+
+    def _upload_next(self, w: _Worker) -> None:
+        w.sending = True
+        self.up.send(w.send_q.popleft(), self._uploaded, w)
+
+    def _uploaded(self, w: _Worker) -> None:
+        w.up_done += 1
+        if w.send_q:
+            self._upload_next(w)
+        else:
+            w.sending = False
+        if w.up_done < len(self.msg_bytes):
+            return
+        if self.arch == "ps-async":
+            self.server.submit(self.p.accumulate_s + self.p.update_s, self._applied_async, w)
+        else:
+            self.server.submit(self.p.accumulate_s, self._accumulated_sync, w)
+
+    # --- ring --------------------------------------------------------------------------------------
+    def _reduced(self, w: _Worker) -> None:
+        w.reduced += 1
+        if w.reduced == len(self.msg_bytes):
+            w.cpu.submit(self.p.update_s * float(self.slowdown[w.index]), self._step_done_ring, w)
+
+    def _step_done_ring(self, w: _Worker) -> None:
+        self.ends[w.index, w.step] = self.sim.now
+        if w.step + 1 < self.steps:
+            self._begin_step(w)
+
+    # --- parameter server ----------------------------------------------------------------------------
+    def _accumulated_sync(self, w: _Worker) -> None:
+        self.sync_uploads += 1
+        if self.sync_uploads == self.k:
+            self.sync_uploads = 0
+            self.server.submit(self.p.update_s, self._updated_sync, None)
+
+    def _updated_sync(self, _: Any) -> None:
+        for w in self.workers:
+            self.ends[w.index, w.step] = self.sim.now
+        if self.workers[0].step + 1 < self.steps:
+            for w in self.workers:
+                self._begin_step(w)
+            for w in self.workers:
+                self._download(w)
+
+    def _applied_async(self, w: _Worker) -> None:
+        self.ends[w.index, w.step] = self.sim.now
+        if w.step + 1 < self.steps:
+            self._begin_step(w)
+            self._download(w)
+
+
+def simulate(p: Profile, k: int, arch: Arch, *, steps: int = 100, warmup: int = 5, sharing: Sharing = "ps",
+             overlap: bool | None = None, flow_cap: float | None = None,
+             slowdown: Sequence[float] | None = None, seed: int = 0) -> SimResult:
+    """Simulate K workers for `steps` steps each and measure throughput after `warmup` steps.
+
+    Args:
+        p: single-worker profile (per-step per-layer samples are drawn when present).
+        k: number of workers.
+        arch: ``ring`` (synchronous all-reduce), ``ps-sync`` or ``ps-async``.
+        steps: steps per worker.
+        warmup: steps per worker left out of the measurement (start-up transient).
+        sharing: how the server's links share their rate among flows: ``ps`` or ``fcfs``.
+        overlap: per-layer messages overlapping compute (default: the profile's flag).
+        flow_cap: the most one flow can get, bytes/s (default: the link rate, i.e. the worker's own link).
+        slowdown: per-worker compute slowdown factors (heterogeneous workers).
+        seed: seed of the step sampler.
+
+    Raises:
+        InputError: on inconsistent arguments.
+    """
+    if arch not in ("ring", "ps-sync", "ps-async"):
+        raise InputError(f"unknown architecture {arch!r}; use ring, ps-sync or ps-async")
+    if sharing not in ("ps", "fcfs"):
+        raise InputError(f"link sharing must be ps or fcfs, got {sharing!r}")
+    if k < 1:
+        raise InputError(f"number of workers must be >= 1, got {k}")
+    if steps < 2 or not 0 <= warmup < steps - 1:
+        raise InputError(f"need steps >= 2 and 0 <= warmup < steps - 1, got steps={steps}, warmup={warmup}")
+    if flow_cap is not None and not flow_cap > 0:
+        raise InputError(f"flow cap must be positive, got {flow_cap}")
+    f = np.ones(k) if slowdown is None else np.asarray(slowdown, dtype=np.float64)
+    if f.shape != (k,) or not np.all(np.isfinite(f)) or np.any(f <= 0):
+        raise InputError(f"need {k} positive finite slowdown factors")
+    job = _Job(p, k, arch, steps=steps, sharing=sharing, overlap=p.overlap if overlap is None else overlap,
+               flow_cap=flow_cap, slowdown=f, rng=np.random.default_rng(seed))
+    job.start()
+    job.sim.run()
+    ends = job.ends
+    if np.isnan(ends).any():
+        raise RuntimeError("simulation ended with unfinished steps (a dependency was never met)")
+    if arch == "ps-async":
+        # Window: from when every worker finished its warm-up to when the first worker runs out of
+        # steps, so the measured mix always has all K workers active.
+        t0 = float(ends[:, warmup].max()) if warmup > 0 else 0.0
+        t1 = float(ends[:, -1].min())
+        count = int(np.count_nonzero((ends > t0) & (ends <= t1)))
+        if t1 <= t0 or count == 0:
+            t0, t1, count = 0.0, float(ends.max()), ends.size
+    else:
+        per_step = ends.max(axis=0)
+        t0 = float(per_step[warmup - 1]) if warmup > 0 else 0.0
+        t1 = float(per_step[-1])
+        count = (steps - warmup) * k
+    rate = count / (t1 - t0)
+    return SimResult(samples_per_s=rate * p.batch_size, steps_per_s=rate, sim_time_s=float(ends.max()),
+                     events=job.sim.events, step_end_s=ends)

@@ -1,0 +1,263 @@
+"""Single-worker profiles: what a throughput prediction starts from.
+
+A profile is what one worker of a data-parallel job looks like when it trains alone: per-layer
+forward and backward times, parameter bytes per layer, the optimizer's update time, and the link it
+talks over (rate, efficiency, per-message latency). `parse_profile` turns the JSON document written
+by `failslow testbed dp-scaling` (format ``failslow-dp-profile/1``) into a validated `Profile`;
+`read_profile` is the I/O wrapper. Every check raises `InputError`, so the CLI reports bad files as
+one clear line.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from failslow.errors import InputError
+
+FORMAT = "failslow-dp-profile/1"
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class LayerProfile:
+    """One layer of the model as profiled on a single worker (mean times)."""
+
+    name: str
+    param_bytes: int
+    forward_s: float
+    backward_s: float
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the predictors need to know about one worker, its model and its link.
+
+    Attributes:
+        layers: per-layer means, in forward order.
+        batch_size: samples per worker per step (throughput is reported in samples/s).
+        bandwidth_bytes_per_s: nominal link rate B of every node, each direction (what `tc tbf` was set to).
+        link_efficiency: payload bytes/s actually achieved over nominal (TCP/IP and Ethernet headers,
+            shaping granularity); the predictors use B × efficiency.
+        latency_s: fixed cost of one message (software stack, round trip), paid once per transfer.
+        update_s: the optimizer applying one gradient to the whole model (per step, on the worker for
+            ring all-reduce, on the server for a parameter server).
+        accumulate_s: adding one worker's gradient into the server's sum (parameter server only).
+        step_forward_s, step_backward_s: per-step samples, shape (n_steps, n_layers); the fine-grained
+            simulation draws whole steps from them so that step-to-step variance (and the max over K
+            workers at a barrier) is carried through.
+        overlap: whether the profiled job overlaps communication with computation per layer.
+    """
+
+    layers: tuple[LayerProfile, ...]
+    batch_size: int
+    bandwidth_bytes_per_s: float
+    link_efficiency: float = 1.0
+    latency_s: float = 0.0
+    update_s: float = 0.0
+    accumulate_s: float = 0.0
+    step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    overlap: bool = False
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def n_layers(self) -> int:
+        """Number of layers."""
+        return len(self.layers)
+
+    @property
+    def param_bytes(self) -> FloatArray:
+        """Parameter (= gradient) bytes per layer, forward order."""
+        return np.array([ly.param_bytes for ly in self.layers], dtype=np.float64)
+
+    @property
+    def forward_s(self) -> FloatArray:
+        """Mean forward time per layer."""
+        return np.array([ly.forward_s for ly in self.layers], dtype=np.float64)
+
+    @property
+    def backward_s(self) -> FloatArray:
+        """Mean backward time per layer."""
+        return np.array([ly.backward_s for ly in self.layers], dtype=np.float64)
+
+    @property
+    def model_bytes(self) -> float:
+        """M: bytes of the whole model (what a worker sends or receives per step)."""
+        return float(self.param_bytes.sum())
+
+    @property
+    def effective_bandwidth(self) -> float:
+        """Payload bytes per second one flow gets on an idle link."""
+        return self.bandwidth_bytes_per_s * self.link_efficiency
+
+    def with_bandwidth(self, bytes_per_s: float) -> Profile:
+        """The same profile on links of another nominal rate (efficiency and latency kept)."""
+        if not (bytes_per_s > 0 and math.isfinite(bytes_per_s)):
+            raise InputError(f"bandwidth must be a positive finite rate, got {bytes_per_s!r}")
+        return replace(self, bandwidth_bytes_per_s=float(bytes_per_s))
+
+    def step_samples(self) -> tuple[FloatArray, FloatArray]:
+        """Per-step forward/backward samples; the means as a single step when none were recorded."""
+        if self.step_forward_s.size:
+            return self.step_forward_s, self.step_backward_s
+        return self.forward_s[None, :], self.backward_s[None, :]
+
+
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z/]*)\s*$")
+_RATE_UNITS: dict[str, float] = {
+    "": 1.0, "b/s": 1.0, "bps": 1.0,
+    "bit": 1 / 8, "kbit": 1e3 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
+    "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9,
+    "kib/s": 1024.0, "mib/s": 1024.0**2, "gib/s": 1024.0**3,
+}
+
+
+def parse_rate(text: str) -> float:
+    """Bytes per second from a rate such as ``100mbit``, ``12.5MB/s``, ``2MiB/s`` or ``1e6`` (bytes/s).
+
+    ``bit``-units are bits per second as in `tc` (``mbit`` = 10^6 bit/s); ``B/s`` units are bytes.
+    """
+    m = _RATE.match(text)
+    if not m:
+        raise InputError(f"bad rate {text!r}: expected e.g. 100mbit, 12.5MB/s or 1e6 (bytes/s)")
+    unit = m.group(2).lower()
+    if unit not in _RATE_UNITS:
+        raise InputError(f"bad rate unit in {text!r}: use one of bit, kbit, mbit, gbit, B/s, kB/s, MB/s, GB/s, MiB/s")
+    value = float(m.group(1)) * _RATE_UNITS[unit]
+    if not (value > 0 and math.isfinite(value)):
+        raise InputError(f"rate must be positive, got {text!r}")
+    return value
+
+
+def _num(d: dict[str, Any], key: str, where: str, *, positive: bool = False, default: float | None = None) -> float:
+    if key not in d:
+        if default is None:
+            raise InputError(f"{where}: missing {key!r}")
+        return default
+    v = d[key]
+    if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
+        raise InputError(f"{where}: {key!r} must be a finite number, got {v!r}")
+    if v < 0 or (positive and v == 0):
+        raise InputError(f"{where}: {key!r} must be {'positive' if positive else 'non-negative'}, got {v!r}")
+    return float(v)
+
+
+def _matrix(v: Any, n_layers: int, what: str) -> FloatArray:
+    try:
+        a = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"profile: {what} must be a list of per-layer lists of numbers") from exc
+    if a.ndim != 2 or a.shape[1] != n_layers or a.shape[0] == 0:
+        raise InputError(f"profile: {what} must have shape (steps, {n_layers}), got {a.shape}")
+    if not np.all(np.isfinite(a)) or np.any(a < 0):
+        raise InputError(f"profile: {what} must hold finite non-negative seconds")
+    return a
+
+
+def parse_profile(doc: Any) -> Profile:
+    """Validate a decoded profile document and build a `Profile`.
+
+    Args:
+        doc: the decoded JSON object (format ``failslow-dp-profile/1``).
+
+    Raises:
+        InputError: on any missing or malformed field.
+    """
+    if not isinstance(doc, dict):
+        raise InputError("profile: expected a JSON object")
+    fmt = doc.get("format")
+    if fmt != FORMAT:
+        raise InputError(f"profile: unsupported format {fmt!r} (expected {FORMAT!r})")
+    raw_layers = doc.get("layers")
+    if not isinstance(raw_layers, list) or not raw_layers:
+        raise InputError("profile: 'layers' must be a non-empty list")
+    layers = []
+    for i, ly in enumerate(raw_layers):
+        where = f"profile: layer {i}"
+        if not isinstance(ly, dict):
+            raise InputError(f"{where}: expected an object")
+        pb = _num(ly, "param_bytes", where)
+        layers.append(LayerProfile(name=str(ly.get("name", f"layer{i}")), param_bytes=int(pb),
+                                   forward_s=_num(ly, "forward_s", where),
+                                   backward_s=_num(ly, "backward_s", where)))
+    if sum(ly.param_bytes for ly in layers) <= 0:
+        raise InputError("profile: the model has no parameter bytes")
+    if sum(ly.forward_s + ly.backward_s for ly in layers) <= 0:
+        raise InputError("profile: the model has no compute time")
+    bs = doc.get("batch_size")
+    if isinstance(bs, bool) or not isinstance(bs, int) or bs <= 0:
+        raise InputError(f"profile: 'batch_size' must be a positive integer, got {bs!r}")
+    link = doc.get("link", {})
+    if not isinstance(link, dict):
+        raise InputError("profile: 'link' must be an object")
+    bw = _num(link, "bandwidth_bytes_per_s", "profile: link", positive=True)
+    eff = _num(link, "efficiency", "profile: link", positive=True, default=1.0)
+    if eff > 1.5:
+        raise InputError(f"profile: link efficiency {eff} is implausible (payload rate over nominal rate)")
+    lat = _num(link, "latency_s", "profile: link", default=0.0)
+    where = "profile"
+    update = _num(doc, "update_s", where, default=0.0)
+    accumulate = _num(doc, "accumulate_s", where, default=0.0)
+    n = len(layers)
+    steps = doc.get("steps")
+    if steps is None:
+        sf = np.zeros((0, 0))
+        sb = np.zeros((0, 0))
+    else:
+        if not isinstance(steps, dict):
+            raise InputError("profile: 'steps' must be an object with forward_s and backward_s")
+        sf = _matrix(steps.get("forward_s"), n, "steps.forward_s")
+        sb = _matrix(steps.get("backward_s"), n, "steps.backward_s")
+        if sf.shape != sb.shape:
+            raise InputError("profile: steps.forward_s and steps.backward_s differ in shape")
+    overlap = doc.get("overlap", False)
+    if not isinstance(overlap, bool):
+        raise InputError("profile: 'overlap' must be true or false")
+    meta = doc.get("meta", {})
+    return Profile(layers=tuple(layers), batch_size=bs, bandwidth_bytes_per_s=bw, link_efficiency=eff,
+                   latency_s=lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
+                   step_backward_s=sb, overlap=overlap, meta=meta if isinstance(meta, dict) else {})
+
+
+def read_profile(path: str | Path) -> Profile:
+    """Read and validate a profile JSON file."""
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except FileNotFoundError as exc:
+        raise InputError(f"profile {str(p)!r} does not exist") from exc
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read profile {str(p)!r}: {exc}") from exc
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InputError(f"profile {str(p)!r} is not valid JSON: {exc}") from exc
+    return parse_profile(doc)
+
+
+def profile_to_doc(p: Profile) -> dict[str, Any]:
+    """The JSON document for a profile (inverse of `parse_profile`)."""
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "batch_size": p.batch_size,
+        "layers": [{"name": ly.name, "param_bytes": ly.param_bytes, "forward_s": ly.forward_s,
+                    "backward_s": ly.backward_s} for ly in p.layers],
+        "link": {"bandwidth_bytes_per_s": p.bandwidth_bytes_per_s, "efficiency": p.link_efficiency,
+                 "latency_s": p.latency_s},
+        "update_s": p.update_s,
+        "accumulate_s": p.accumulate_s,
+        "overlap": p.overlap,
+        "meta": p.meta,
+    }
+    if p.step_forward_s.size:
+        doc["steps"] = {"forward_s": p.step_forward_s.tolist(), "backward_s": p.step_backward_s.tolist()}
+    return doc

@@ -1,0 +1,71 @@
+"""Profile parsing and rate units."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from failslow.errors import InputError
+from failslow.predict.profile import parse_profile, parse_rate, profile_to_doc, read_profile
+from tests.predict.conftest import make_profile
+
+
+@pytest.mark.parametrize(("text", "bytes_per_s"), [
+    ("100mbit", 12.5e6), ("8bit", 1.0), ("1gbit", 125e6), ("12.5MB/s", 12.5e6), ("2MiB/s", 2 * 1024**2),
+    ("1e6", 1e6), ("250kbit", 31250.0), ("3 kB/s", 3000.0),
+])
+def test_parse_rate_units(text: str, bytes_per_s: float) -> None:
+    assert parse_rate(text) == pytest.approx(bytes_per_s)
+
+
+@pytest.mark.parametrize("text", ["", "fast", "10 parsecs", "-5mbit", "0", "1e999"])
+def test_parse_rate_rejects(text: str) -> None:
+    with pytest.raises(InputError):
+        parse_rate(text)
+
+
+def test_round_trip_keeps_everything() -> None:
+    p = make_profile(jitter=0.1, overlap=True)
+    q = parse_profile(json.loads(json.dumps(profile_to_doc(p))))
+    assert q.layers == p.layers
+    assert q.overlap and q.batch_size == 32 and q.latency_s == p.latency_s
+    np.testing.assert_allclose(q.step_forward_s, p.step_forward_s)
+    assert q.effective_bandwidth == pytest.approx(9.5e6)
+    assert q.model_bytes == pytest.approx(sum(100_000 * (i + 1) for i in range(6)))
+
+
+def _doc() -> dict:
+    return profile_to_doc(make_profile(jitter=0.1))
+
+
+@pytest.mark.parametrize(("mutate", "message"), [
+    (lambda d: d.update(format="other/1"), "unsupported format"),
+    (lambda d: d.update(layers=[]), "non-empty"),
+    (lambda d: d["layers"][0].update(forward_s=-1), "non-negative"),
+    (lambda d: d["layers"][0].pop("param_bytes"), "missing 'param_bytes'"),
+    (lambda d: d.update(batch_size=0), "batch_size"),
+    (lambda d: d["link"].update(bandwidth_bytes_per_s=0), "positive"),
+    (lambda d: d["link"].update(efficiency=7), "implausible"),
+    (lambda d: d["steps"].update(forward_s=[[1.0, 2.0]]), "shape"),
+    (lambda d: d.update(overlap="yes"), "overlap"),
+    (lambda d: d["layers"][1].update(backward_s="slow"), "finite number"),
+])
+def test_parse_profile_rejects_bad_documents(mutate, message: str) -> None:
+    d = _doc()
+    mutate(d)
+    with pytest.raises(InputError, match=message):
+        parse_profile(d)
+
+
+def test_read_profile_errors(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        read_profile(tmp_path / "nope.json")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    with pytest.raises(InputError, match="not valid JSON"):
+        read_profile(bad)
+    with pytest.raises(InputError, match="cannot read"):
+        read_profile(tmp_path)
