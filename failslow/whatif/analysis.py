@@ -1,0 +1,183 @@
+"""What-if analysis: how fast would the job run without stragglers, and what makes it slow.
+
+Definitions (after Lin et al., "Understanding Stragglers in Large Model Training Using What-if
+Analysis"):
+
+* T: mean step time of the timeline simulated with the trace's own durations; T_ideal: the same with
+  every operation idealised (compute: the mean duration of its op type over all workers and steps;
+  communication: the median transfer duration of its op type).
+* S = T / T_ideal, the job's slowdown; W = 1 - 1/S, the fraction of resources wasted.
+* S_X = T_X / T_ideal for a set X of operations (an op type, a DP rank, a stage, a worker), where
+  T_X keeps only X's original durations and idealises the rest: the slowdown X alone causes.
+* Per-step slowdown: the same ratio per step.
+* M_W: the share of the slowdown (T - T_ideal) removed by idealising only the top 3% of workers by
+  S_w; M_S: the same for the last pipeline stage.
+* Simulation error: |T - T_trace| / T_trace, where T_trace is the measured mean step time. The
+  analysis refuses (InputError) above `max_sim_error` (5%), because the model then does not explain
+  the trace.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from failslow.errors import InputError
+from failslow.whatif.model import Model, build_model
+from failslow.whatif.rootcause import RootCause, diagnose
+from failslow.whatif.simulate import FullLanes, OneRankLanes, simulate
+from failslow.whatif.trace import OPTYPES, Trace
+
+FloatArray = npt.NDArray[np.float64]
+
+MAX_SIM_ERROR = 0.05
+TOP_WORKER_SHARE = 0.03
+
+
+@dataclass(frozen=True)
+class WhatIfResult:
+    """Everything the analysis found about one trace (see the module docstring for definitions)."""
+
+    job: str
+    dp: int
+    pp: int
+    vpp: int
+    n_ops: int
+    steps: tuple[int, ...]
+    T_trace: float
+    T: float
+    T_ideal: float
+    S: float
+    W: float
+    S_t: dict[str, float]
+    S_dp: dict[int, float]
+    S_stage: dict[int, float]
+    S_w: FloatArray  # (dp, pp)
+    per_step: dict[int, float]
+    M_W: float | None
+    M_W_workers: tuple[tuple[int, int], ...]
+    M_S: float | None
+    simulation_error: float
+    simulation_error_max_step: float
+    root_cause: RootCause
+    step_T: FloatArray = field(repr=False)
+    step_T_ideal: FloatArray = field(repr=False)
+    step_T_trace: FloatArray = field(repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-serialisable summary (the `failslow whatif` output)."""
+        return {
+            "job": self.job,
+            "layout": {"dp": self.dp, "pp": self.pp, "vpp": self.vpp},
+            "n_ops": self.n_ops,
+            "n_steps": len(self.steps),
+            "S": self.S,
+            "W": self.W,
+            "S_t": self.S_t,
+            "S_w": [{"dp_rank": d, "pp_rank": p, "S_w": float(self.S_w[d, p])}
+                    for d in range(self.dp) for p in range(self.pp)],
+            "S_dp": {str(k): v for k, v in self.S_dp.items()},
+            "S_stage": {str(k): v for k, v in self.S_stage.items()},
+            "per_step": {str(k): v for k, v in self.per_step.items()},
+            "M_W": self.M_W,
+            "M_W_workers": [{"dp_rank": d, "pp_rank": p} for d, p in self.M_W_workers],
+            "M_S": self.M_S,
+            "T_trace_s": self.T_trace,
+            "T_sim_s": self.T,
+            "T_ideal_s": self.T_ideal,
+            "simulation_error": self.simulation_error,
+            "simulation_error_max_step": self.simulation_error_max_step,
+            "root_cause": self.root_cause.to_json(),
+        }
+
+
+def _share(t: float, t_part: float, t_ideal: float) -> float | None:
+    gap = t - t_ideal
+    if gap <= 1e-9 * max(t, 1e-12):
+        return None
+    return float((t - t_part) / gap)
+
+
+def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_SIM_ERROR,
+            top_share: float = TOP_WORKER_SHARE, model: Model | None = None) -> WhatIfResult:
+    """Run the whole what-if analysis of a trace.
+
+    Args:
+        trace: a validated trace (`read_trace` / `trace_from_columns`).
+        job: name reported in the result (default: the metadata's trial name).
+        max_sim_error: refuse (InputError) when the simulated original timeline's mean step time is
+            further than this from the measured one.
+        top_share: fraction of workers whose idealisation M_W measures.
+        model: a dependency model already built for `trace`.
+    """
+    m = model if model is not None else build_model(trace)
+    meta = trace.meta
+    dp, pp, n = meta.dp_size, meta.pp_size, m.n_nodes
+
+    # --- batch 1: every scenario that needs all DP ranks
+    group_of = np.array([OPTYPES[o].group for o in m.optype.tolist()], dtype=object)
+    group_names = list(dict.fromkeys(g for g, s in zip(group_of.tolist(), m.simulated.tolist(), strict=True)
+                                     if s))
+    masks = [np.ones(n, bool), np.zeros(n, bool)]
+    masks += [group_of == g for g in group_names]
+    masks += [m.stage == p for p in range(pp)]
+    masks.append(m.stage != pp - 1)  # M_S: idealise only the last stage
+    keep = np.repeat(np.stack(masks)[:, :, None], dp, axis=2)
+    t1 = simulate(m, FullLanes(m, keep), keep.shape[0])
+    step_t, step_ideal = t1[0], t1[1]
+    T, T_ideal = float(step_t.mean()), float(step_ideal.mean())
+    if not T_ideal > 0:
+        raise InputError("the idealised timeline has zero length: the trace records no time")
+    i = 2
+    S_t = {g: float(t1[i + k].mean() / T_ideal) for k, g in enumerate(group_names)}
+    i += len(group_names)
+    S_stage = {p: float(t1[i + p].mean() / T_ideal) for p in range(pp)}
+    i += pp
+    M_S = _share(T, float(t1[i].mean()), T_ideal) if pp > 1 else None
+
+    # --- batch 2: one DP rank differs from the ideal (per DP rank, per worker)
+    ranks = np.concatenate([np.arange(dp), np.repeat(np.arange(dp), pp)])
+    stages = np.concatenate([np.ones((dp, pp), bool), np.tile(np.eye(pp, dtype=bool), (dp, 1))])
+    t2 = simulate(m, OneRankLanes(m, ranks, stages), ranks.shape[0])
+    S_dp = {d: float(t2[d].mean() / T_ideal) for d in range(dp)}
+    S_w = (t2[dp:].mean(axis=1) / T_ideal).reshape(dp, pp)
+
+    # --- batch 3: M_W, idealise only the top workers by S_w
+    k = max(1, math.ceil(dp * pp * top_share))
+    order = np.argsort(-S_w.reshape(-1), kind="stable")[:k]
+    top = tuple((int(w // pp), int(w % pp)) for w in order)
+    sel = np.zeros((n, dp), bool)
+    for d, p in top:
+        sel[m.stage == p, d] = True
+    t3 = simulate(m, FullLanes(m, (~sel)[None]), 1)
+    M_W = _share(T, float(t3[0].mean()), T_ideal)
+
+    step_trace = trace.step_times()
+    T_trace = float(step_trace.mean())
+    err = abs(T - T_trace) / T_trace if T_trace > 0 else math.inf
+    err_step = float(np.max(np.abs(step_t - step_trace) / np.maximum(step_trace, 1e-12)))
+    if not err <= max_sim_error:
+        raise InputError(
+            f"simulation error {err:.1%} exceeds {max_sim_error:.0%}: the dependency model reproduces a mean "
+            f"step time of {T:.4g} s but the trace measures {T_trace:.4g} s, so its what-if estimates would "
+            f"not be trustworthy (gaps not explained by recorded operations, e.g. untraced CPU work)")
+
+    S = T / T_ideal
+    res_wo_cause = dict(S=S, S_t=S_t, S_stage=S_stage, S_dp=S_dp, S_w=S_w, M_W=M_W, M_S=M_S)
+    cause = diagnose(m, **res_wo_cause)  # type: ignore[arg-type]
+    return WhatIfResult(
+        job=job if job is not None else meta.trial_name,
+        dp=dp, pp=pp, vpp=meta.vpp_size, n_ops=trace.n_ops,
+        steps=tuple(int(s) for s in trace.step_ids),
+        T_trace=T_trace, T=T, T_ideal=T_ideal, S=S, W=1.0 - 1.0 / S,
+        S_t=dict(sorted(S_t.items(), key=lambda kv: -kv[1])),
+        S_dp=S_dp, S_stage=S_stage, S_w=S_w,
+        per_step={int(s): float(a / b) for s, a, b in zip(trace.step_ids, step_t, step_ideal, strict=True)},
+        M_W=M_W, M_W_workers=top, M_S=M_S,
+        simulation_error=float(err), simulation_error_max_step=err_step,
+        root_cause=cause, step_T=step_t, step_T_ideal=step_ideal, step_T_trace=step_trace,
+    )

@@ -1,0 +1,362 @@
+"""The dependency model: which operation waits for which, shared by every step and DP rank.
+
+A training step of a hybrid-parallel job repeats the same program on every DP rank, so the model is
+built once for one *template*: the operations of one DP rank in one step, all stages together (one
+node per (stage, optype, seq_id)). Every (DP rank, step) pair is a *lane* that runs the template with
+its own durations; the simulator processes all lanes (and all what-if scenarios) of a node in one
+numpy operation.
+
+Streams per worker (after Megatron-LM): one main stream (compute, gc, optimizer and the collectives
+issued synchronously on it: layernorm/embedding grads all-reduce, grad-norm clip), one DP
+communication stream (params all-gather, grads reduce-scatter, separate grads all-reduce) and four
+PP streams (forward-send, forward-recv, backward-send, backward-recv). Edges:
+
+* same-stream order (the trace's order);
+* a receive before the compute that consumes it, a compute before the send of its output;
+* an op issued by the CPU after some main-stream op waits for it (inferred from the template's
+  timing: the last main-stream op that ended before the op started) - this captures Megatron's
+  fused send/recv calls of 1F1B and interleaved schedules without hard-coding either;
+* params all-gather of a model chunk before the chunk's first forward; every grads reduce-scatter
+  before the optimizer phase (grad-norm clip, or the optimizer when there is none).
+
+Communication groups: a P2P send pairs with the receive of the adjacent stage (per channel, in FIFO
+order); DP collectives synchronise the DP ranks of a stage (`dp_sync`); the grad-norm clip
+synchronises all workers; embedding grads all-reduce joins the first and last stage of a DP rank.
+The transfer duration of a member is its end minus the latest start among the group's members.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from failslow.errors import InputError
+from failslow.whatif import trace as tr
+from failslow.whatif.trace import OPTYPES, Kind, Trace
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+ISSUE_EPS = 5e-5  # s: clock jitter allowed when inferring "issued after" from timestamps
+
+
+@dataclass(frozen=True)
+class Group:
+    """A set of template nodes that finish together (a singleton for local ops)."""
+
+    members: tuple[int, ...]
+    is_comm: bool  # ends at the latest member start + transfer, else at own start + duration
+    dp_sync: bool  # the latest start is also taken across the DP ranks of the step
+
+
+@dataclass(frozen=True)
+class Model:
+    """Dependency model plus the trace's durations laid out per node and lane.
+
+    Attributes:
+        stage, optype, seq: per template node.
+        simulated: False for P2P no-ops (a send/recv without a peer), left out of simulation.
+        deps: per node, the nodes it waits for.
+        groups: communication/compute groups in a topological order of the group graph.
+        sinks: nodes nothing waits for (the step ends when the last of them ends).
+        work: (N, dp, steps) original duration (compute) or transfer duration (communication).
+        ideal: (N,) idealised work: per optype mean duration (compute) / median transfer (comm).
+        start, end: (N, dp, steps) the trace's timestamps of every node instance.
+        gmc, mb: (N,) model chunk (in the whole model) and micro-batch of compute nodes, else -1.
+        n_noops: P2P operations without a peer (not simulated).
+    """
+
+    trace: Trace
+    stage: IntArray
+    optype: IntArray
+    seq: IntArray
+    simulated: npt.NDArray[np.bool_]
+    deps: tuple[tuple[int, ...], ...]
+    groups: tuple[Group, ...]
+    sinks: tuple[int, ...]
+    work: FloatArray
+    ideal: FloatArray
+    start: FloatArray
+    end: FloatArray
+    gmc: IntArray
+    mb: IntArray
+    n_noops: int
+
+    @property
+    def n_nodes(self) -> int:
+        """Template size: operations of one DP rank (all stages) in one step."""
+        return int(self.stage.shape[0])
+
+    @property
+    def dp(self) -> int:
+        """Number of DP ranks (lanes per step)."""
+        return int(self.work.shape[1])
+
+    @property
+    def n_steps(self) -> int:
+        """Number of steps in the trace."""
+        return int(self.work.shape[2])
+
+
+def _dense(trace: Trace) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArray]:
+    """Node ids and lanes for every row; checks every (dp, step) holds every node of the template."""
+    n_types = len(OPTYPES)
+    seq_span = int(trace.seq_id.max()) + 1
+    key = (trace.stage * n_types + trace.optype) * seq_span + trace.seq_id
+    ukey, node = np.unique(key, return_inverse=True)
+    node = node.reshape(-1)
+    n_nodes = int(ukey.shape[0])
+    dp, n_steps = trace.meta.dp_size, trace.n_steps
+    lane = trace.dp_rank * n_steps + trace.step_index
+    n_lanes = dp * n_steps
+    cell = node * n_lanes + lane
+    counts = np.bincount(cell, minlength=n_nodes * n_lanes)
+    if np.any(counts != 1):
+        bad = int(np.flatnonzero(counts != 1)[0])
+        v, ln = divmod(bad, n_lanes)
+        d, s = divmod(ln, n_steps)
+        k = int(ukey[v])
+        seq = k % seq_span
+        st, ot = divmod(k // seq_span, n_types)
+        what = "missing" if counts[bad] == 0 else f"recorded {int(counts[bad])} times"
+        raise InputError(
+            f"inconsistent trace: {OPTYPES[ot].name} seq_id={seq} of stage {st} is {what} at dp_rank {d}, "
+            f"step {int(trace.step_ids[s])} (every step and DP rank must record the same operations)")
+    stage = (ukey // seq_span) // n_types
+    optype = (ukey // seq_span) % n_types
+    seq = ukey % seq_span
+    return node, cell, stage.astype(np.int64), optype.astype(np.int64), seq.astype(np.int64)
+
+
+def _lane_constant(name: str, values: IntArray, n_nodes: int, n_lanes: int, cell: IntArray) -> IntArray:
+    grid = np.empty(n_nodes * n_lanes, dtype=np.int64)
+    grid[cell] = values
+    grid = grid.reshape(n_nodes, n_lanes)
+    if np.any(grid != grid[:, :1]):
+        v = int(np.flatnonzero(np.any(grid != grid[:, :1], axis=1))[0])
+        raise InputError(f"inconsistent trace: column {name} of an operation differs between steps/DP ranks "
+                         f"(template node {v})")
+    return grid[:, 0].copy()
+
+
+def build_model(trace: Trace) -> Model:
+    """Build the dependency model of a validated trace; `InputError` when it cannot be modelled."""
+    meta = trace.meta
+    _node, cell, stage, optype, seq = _dense(trace)
+    n_nodes = int(stage.shape[0])
+    dp, n_steps = meta.dp_size, trace.n_steps
+    n_lanes = dp * n_steps
+    start = np.empty(n_nodes * n_lanes)
+    start[cell] = trace.start
+    start = start.reshape(n_nodes, dp, n_steps)
+    dur = np.empty(n_nodes * n_lanes)
+    dur[cell] = trace.duration
+    dur = dur.reshape(n_nodes, dp, n_steps)
+    end = start + dur
+    mc = _lane_constant("mc", trace.mc, n_nodes, n_lanes, cell)
+    gmc = _lane_constant("gmc", trace.gmc, n_nodes, n_lanes, cell)
+    mb = _lane_constant("mb_id", trace.mb_id, n_nodes, n_lanes, cell)
+    # step-relative times of the template, robust to a few odd lanes
+    t_start = np.median(start.reshape(n_nodes, -1), axis=1)
+    t_end = np.median(end.reshape(n_nodes, -1), axis=1)
+
+    kind = np.array([OPTYPES[o].kind for o in optype.tolist()], dtype=np.int64)
+    deps: list[list[int]] = [[] for _ in range(n_nodes)]
+    simulated = np.ones(n_nodes, dtype=bool)
+    groups_members: list[tuple[list[int], bool, bool]] = []  # members, is_comm, dp_sync
+    in_group = np.zeros(n_nodes, dtype=bool)
+    pp = meta.pp_size
+    n_chunks = pp * meta.vpp_size
+    sends: dict[tuple[int, int], list[int]] = {}  # (src stage, direction) -> send nodes in order
+    recvs: dict[tuple[int, int], list[int]] = {}  # (dst stage, direction) -> recv nodes in order
+
+    for s in range(pp):
+        on_stage = np.flatnonzero(stage == s)
+        if on_stage.size == 0:
+            continue
+        main = on_stage[np.isin(kind[on_stage], (Kind.COMPUTE, Kind.MAIN_COLL))]
+        main = main[np.lexsort((seq[main], t_end[main], t_start[main]))]
+        main_end = t_end[main]
+        main_list = main.tolist()
+        for a, b in itertools.pairwise(main_list):
+            deps[b].append(a)
+
+        def issued_after(v: int, _main_end: FloatArray = main_end, _main: list[int] = main_list) -> int | None:
+            # the last main-stream op (in stream order) that ended before this op started
+            before = np.flatnonzero(_main_end <= t_start[v] + ISSUE_EPS)
+            return _main[int(before[-1])] if before.size else None
+
+        comp_gmc = {}
+        for v in main_list:
+            if optype[v] in (tr.FWD, tr.BWD):
+                g = int(gmc[v])
+                if g < 0:
+                    g = int(mc[v]) * pp + s if mc[v] >= 0 else s
+                comp_gmc[v] = g
+        fwd = [v for v in main_list if optype[v] == tr.FWD]
+        bwd = [v for v in main_list if optype[v] == tr.BWD]
+
+        # --- P2P: match each send/recv with its compute op, chain the four streams
+        for ot, comps, need_fn, is_send, direction in (
+            (tr.FSEND, fwd, lambda g: g < n_chunks - 1, True, 0),
+            (tr.FRECV, fwd, lambda g: g > 0, False, 0),
+            (tr.BSEND, bwd, lambda g: g > 0, True, 1),
+            (tr.BRECV, bwd, lambda g: g < n_chunks - 1, False, 1),
+        ):
+            comm = on_stage[optype[on_stage] == ot]
+            comm = comm[np.argsort(seq[comm], kind="stable")].tolist()
+            for a, b in itertools.pairwise(comm):
+                deps[b].append(a)
+            need = [need_fn(comp_gmc[c]) for c in comps]
+            n_need = sum(need)
+            if len(comm) == n_need:
+                matched = [c for c, nd in zip(comps, need, strict=True) if nd]
+                noop = [False] * len(comm)
+            elif len(comm) == len(comps):
+                matched = list(comps)
+                noop = [not nd for nd in need]
+            else:
+                raise InputError(
+                    f"inconsistent trace: stage {s} has {len(comm)} {OPTYPES[ot].name} op(s) per step but "
+                    f"{n_need} of its {len(comps)} {'forward' if direction == 0 else 'backward'} computes "
+                    f"need one (pp={pp}, vpp={meta.vpp_size}); check the metadata")
+            for v, c, nop in zip(comm, matched, noop, strict=True):
+                if nop:
+                    simulated[v] = False
+                    continue
+                if is_send:
+                    deps[v].append(c)
+                else:
+                    deps[c].append(v)
+                issue = issued_after(v)
+                if issue is not None and issue not in deps[v] and issue != c:
+                    deps[v].append(issue)
+                elif issue == c and not is_send:
+                    # a receive the compute waits for cannot wait for that compute: the
+                    # timestamps overlap, so fall back to the compute's predecessor
+                    i = main_list.index(c)
+                    if i > 0:
+                        deps[v].append(main_list[i - 1])
+                if is_send:
+                    sends.setdefault((s, direction), []).append(v)
+                else:
+                    src = (s - 1) % pp if direction == 0 else (s + 1) % pp
+                    recvs.setdefault((src, direction), []).append(v)
+
+        # --- DP stream
+        dpc = on_stage[kind[on_stage] == Kind.DP_COLL]
+        dpc = dpc[np.lexsort((seq[dpc], t_end[dpc], t_start[dpc]))].tolist()
+        for a, b in itertools.pairwise(dpc):
+            deps[b].append(a)
+        opt_phase = [v for v in main_list if optype[v] in (tr.CLIP, tr.OPTIMIZER)]
+        for v in dpc:
+            issue = issued_after(v)
+            if issue is not None:
+                deps[v].append(issue)
+            if optype[v] == tr.PARAMS_AG:
+                chunk = [c for c in fwd if mc[v] < 0 or mc[c] == mc[v] or mc[c] < 0]
+                if chunk and v not in deps[chunk[0]]:
+                    deps[chunk[0]].append(v)
+            elif opt_phase:
+                deps[opt_phase[0]].append(v)
+            groups_members.append(([v], True, dp > 1))
+            in_group[v] = True
+
+        # --- main-stream collectives local to our model (TP group not traced)
+        for v in main_list:
+            if optype[v] == tr.LAYERNORM_AR:
+                groups_members.append(([v], True, False))
+                in_group[v] = True
+
+    # P2P pairs per channel, FIFO
+    for (src, direction), snd in sends.items():
+        rcv = recvs.get((src, direction), [])
+        if len(rcv) != len(snd):
+            dst = (src + 1) % pp if direction == 0 else (src - 1) % pp
+            name = "forward" if direction == 0 else "backward"
+            raise InputError(f"inconsistent trace: stage {src} sends {len(snd)} {name} activations per step to "
+                             f"stage {dst}, which receives {len(rcv)}")
+        for a, b in zip(snd, rcv, strict=True):
+            groups_members.append(([a, b], True, False))
+            in_group[a] = in_group[b] = True
+    for (src, direction), rcv in recvs.items():
+        if (src, direction) not in sends:
+            raise InputError(f"inconsistent trace: stage {(src + 1) % pp if direction == 0 else (src - 1) % pp} "
+                             f"receives {len(rcv)} activations per step from stage {src}, which sends none")
+
+    # embedding grads (first + last stage of a DP rank) and grad-norm clip (everyone), matched by seq
+    for ot, sync in ((tr.EMBEDDING_AR, False), (tr.CLIP, dp > 1 or pp > 1)):
+        nodes = np.flatnonzero(optype == ot)
+        for q in np.unique(seq[nodes]).tolist():
+            mem = nodes[seq[nodes] == q].tolist()
+            groups_members.append((mem, True, sync and ot == tr.CLIP))
+            in_group[mem] = True
+    for v in range(n_nodes):
+        if not in_group[v] and simulated[v]:
+            groups_members.append(([v], False, False))
+
+    # drop edges to/from no-ops (they carry no data) and duplicates
+    deps_t = [tuple(dict.fromkeys(d for d in deps[v] if simulated[d])) for v in range(n_nodes)]
+    groups = _toposort(groups_members, deps_t, n_nodes)
+
+    # transfer durations: own end minus the latest start in the group
+    work = dur.copy()
+    for g in groups:
+        if not g.is_comm:
+            continue
+        mem = list(g.members)
+        latest = start[mem].max(axis=0)
+        if g.dp_sync:
+            latest = latest.max(axis=0, keepdims=True)
+        work[mem] = np.maximum(end[mem] - latest, 0.0)
+
+    ideal = np.zeros(n_nodes)
+    for o in np.unique(optype).tolist():
+        sel = (optype == o) & simulated
+        if not sel.any():
+            continue
+        vals = work[sel]
+        ideal[sel] = float(np.median(vals)) if OPTYPES[o].is_comm else float(vals.mean())
+
+    consumers = np.zeros(n_nodes, dtype=np.int64)
+    for v in range(n_nodes):
+        for d in deps_t[v]:
+            consumers[d] += 1
+    sinks = tuple(int(v) for v in np.flatnonzero((consumers == 0) & simulated))
+    return Model(trace=trace, stage=stage, optype=optype, seq=seq, simulated=simulated, deps=tuple(deps_t),
+                 groups=groups, sinks=sinks, work=work, ideal=ideal, start=start, end=end,
+                 gmc=gmc, mb=mb, n_noops=int((~simulated).sum()))
+
+
+def _toposort(groups_members: list[tuple[list[int], bool, bool]], deps: list[tuple[int, ...]],
+              n_nodes: int) -> tuple[Group, ...]:
+    """Order groups so that every group comes after the groups its members wait for."""
+    gid = np.full(n_nodes, -1, dtype=np.int64)
+    for i, (mem, _, _) in enumerate(groups_members):
+        gid[mem] = i
+    n = len(groups_members)
+    succ: list[list[int]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    for i, (mem, _, _) in enumerate(groups_members):
+        preds = {int(gid[d]) for v in mem for d in deps[v]}
+        preds.discard(i)
+        for p in preds:
+            succ[p].append(i)
+        indeg[i] = len(preds)
+    ready = [i for i in range(n) if indeg[i] == 0]
+    order: list[int] = []
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for j in succ[i]:
+            indeg[j] -= 1
+            if indeg[j] == 0:
+                ready.append(j)
+    if len(order) != n:
+        stuck = [i for i in range(n) if indeg[i] > 0][:3]
+        raise InputError("inconsistent trace: the operations' order implies a dependency cycle "
+                         f"(e.g. around template nodes {[groups_members[i][0] for i in stuck]})")
+    return tuple(Group(tuple(groups_members[i][0]), groups_members[i][1], groups_members[i][2]) for i in order)
