@@ -47,7 +47,7 @@ CATALOGUE: tuple[Metric, ...] = (
            "Unix time of the first slow iteration of the open event.", ("job",), "detector"),
     # --- what-if -------------------------------------------------------------------------------
     Metric("failslow_whatif_worker_slowdown_ratio", "gauge",
-           "What-if slowdown attributable to one worker (S_w): job time over the time with only this worker fixed.",
+           "What-if slowdown attributable to one worker (S_w): simulated step time with only this worker straggling (all else idealised) over the ideal step time.",
            ("job", "dp_rank", "pp_rank"), "whatif"),
 )
 
