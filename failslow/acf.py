@@ -1,0 +1,662 @@
+"""Iteration period inference from a process's stream of communication calls (framework-agnostic).
+
+Training is periodic: every iteration issues the same sequence of collectives and point-to-point calls,
+separated by the same compute. Knowing only the call stream of one rank (what the shim or the torch
+hook records) we recover *how many calls make one iteration*, where iterations begin, and how long
+each one took — without knowing the framework, the model or the schedule.
+
+Two views of the stream are combined:
+
+* **Symbols**: each call's (op kind, communicator, bytes) is encoded as a category. If the sequence
+  is P-periodic the symbol at ``i`` equals the symbol at ``i + P``; the mismatch rate at every lag
+  comes from FFT autocorrelations of the symbol indicators. This rules out every lag that is not a
+  multiple of the period, but cannot tell the period from a shorter repeating unit (a micro-batch of
+  identical calls) and says nothing when all calls look alike (a pipeline stage doing only Send/Recv).
+* **Gaps** (time-domain periodicity): the idle time before each call, on a log scale, is periodic
+  with the iteration too; the optimizer step, data loading and the forward pass leave a long gap once
+  per iteration that micro-batch repetitions do not have. Autocorrelation of the gap signal shortlists
+  lags; a periodic template ("fold") fitted at each shortlisted lag and cross-validation between a
+  lag and its divisors then pick the *smallest* lag that explains the gaps as well as any multiple of it.
+
+`estimate_period` is the batch form for one stationary stretch of calls. `PeriodTracker` is the
+streaming form (``update(batch) -> PeriodVerdict``) with a bounded buffer: it emits each completed
+iteration once, re-estimates periodically, and restarts estimation when the call pattern changes
+(e.g. the micro-batch count changes) or when records were lost. `infer_iterations` runs the tracker
+over a whole recorded sequence.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from failslow.errors import InputError
+
+FloatArray = npt.NDArray[np.float64]
+IntArray = npt.NDArray[np.int64]
+
+#: Symbols beyond this many distinct ones are merged into one "other" symbol (keeps FFT work bounded).
+MAX_SYMBOLS: Final = 64
+#: Symbols are periodic at a lag when at most this fraction of calls differ from the call one lag later.
+SYMBOL_PERIODIC: Final = 0.1
+#: A lag counts as symbol-periodic when its mismatch rate is within this of the best lag's.
+SYMBOL_SLACK: Final = 0.02
+#: A divisor of the best lag replaces it when its cross-validated gap residual is at most this much larger.
+REL_RSS_SLACK: Final = 0.05
+#: ... or larger by at most this fraction of the gap signal's total variance.
+ABS_RSS_SLACK: Final = 0.005
+#: An iteration whose gap profile correlates with the template this much less than usual is "different".
+CORR_DROP: Final = 0.3
+#: Repeats a period needs when only the gaps (no distinguishing symbols) can reveal it.
+GAP_MIN_REPEATS: Final = 8
+#: Lags shortlisted from the gap autocorrelation for the fold test.
+SHORTLIST: Final = 16
+
+
+@dataclass(frozen=True)
+class PeriodEstimate:
+    """The period found in one stationary stretch of calls.
+
+    Attributes:
+        period: Calls per iteration.
+        phase: Index (``0 <= phase < period``) of the first call of an iteration within the stretch:
+            the call preceded by the longest median gap.
+        confidence: In [0, 1]; how much of the gap structure (and symbol sequence) the period explains.
+        boundaries: Indices of the calls that begin iterations (``phase, phase + period, ...``).
+        boundary_times: Start times of those calls, seconds.
+        iteration_s: Durations of the complete iterations, ``diff(boundary_times)``.
+    """
+
+    period: int
+    phase: int
+    confidence: float
+    boundaries: IntArray
+    boundary_times: FloatArray
+    iteration_s: FloatArray
+
+
+def encode_symbols(*features: npt.ArrayLike) -> IntArray:
+    """Encode per-call features (op, communicator, bytes, ...) as one small integer symbol per call.
+
+    Args:
+        *features: Equal-length 1-D arrays; any dtype ``numpy.unique`` can sort (ints, strings).
+
+    Returns:
+        Symbol ids in ``0 .. MAX_SYMBOLS-1``, most frequent combination first; rare combinations
+        beyond ``MAX_SYMBOLS - 1`` share the last id.
+
+    Raises:
+        InputError: no features, or features of different lengths.
+    """
+    if not features:
+        raise InputError("encode_symbols: need at least one feature")
+    cols = [np.asarray(f) for f in features]
+    n = len(cols[0])
+    if any(c.ndim != 1 or len(c) != n for c in cols):
+        raise InputError("encode_symbols: features must be 1-D arrays of the same length")
+    codes = np.zeros(n, dtype=np.int64)
+    for c in cols:
+        _, inv = np.unique(c, return_inverse=True)
+        codes = codes * (int(inv.max(initial=0)) + 1) + inv.astype(np.int64)
+    uniq, inv, counts = np.unique(codes, return_inverse=True, return_counts=True)
+    rank = np.empty(len(uniq), dtype=np.int64)
+    rank[np.argsort(-counts, kind="stable")] = np.arange(len(uniq))
+    return np.minimum(rank[inv], MAX_SYMBOLS - 1).astype(np.int64)
+
+
+def _autocorr_sums(x: FloatArray, maxlag: int) -> FloatArray:
+    """``out[k] = sum_i x[i] * x[i+k]`` for ``k = 0..maxlag`` along the last axis, via FFT."""
+    n = x.shape[-1]
+    size = 1 << int(np.ceil(np.log2(2 * n)))
+    f = np.fft.rfft(x, size, axis=-1)
+    ac = np.fft.irfft(f * np.conj(f), size, axis=-1)[..., : maxlag + 1]
+    return np.asarray(ac, dtype=np.float64)
+
+
+def symbol_mismatch(symbols: IntArray, maxlag: int) -> FloatArray:
+    """Fraction of calls whose symbol differs from the one ``k`` calls later, for ``k = 0..maxlag``."""
+    n = len(symbols)
+    k = int(symbols.max(initial=0)) + 1
+    onehot = np.zeros((k, n), dtype=np.float64)
+    onehot[symbols, np.arange(n)] = 1.0
+    matches = np.rint(_autocorr_sums(onehot, maxlag).sum(axis=0))
+    return np.asarray(1.0 - matches / (n - np.arange(maxlag + 1)), dtype=np.float64)
+
+
+def gap_signal(t_start: FloatArray) -> FloatArray | None:
+    """Standardised log idle gap before each call, or ``None`` when the gaps carry no structure.
+
+    Gaps are scaled by their median and compressed with ``log1p`` so that the long compute gaps
+    dominate and the jitter of back-to-back calls (microseconds) does not.
+    """
+    gaps = np.diff(t_start)
+    if len(gaps) == 0:
+        return None
+    gaps = np.maximum(gaps, 0.0)  # calls from several threads may interleave slightly out of order
+    scale = float(np.median(gaps))
+    if scale <= 0:
+        pos = gaps[gaps > 0]
+        if len(pos) == 0:
+            return None
+        scale = float(pos.min())
+    x = np.log1p(gaps / scale)
+    x = np.concatenate(([float(np.median(x))], x))  # the first call has no gap before it
+    sd = float(x.std())
+    if sd < 1e-9:
+        return None
+    return np.asarray((x - x.mean()) / sd, dtype=np.float64)
+
+
+def _cv_rss(z: FloatArray, k: int) -> float:
+    """Two-fold cross-validated residual of a ``k``-periodic template of ``z`` (per-phase means).
+
+    Whole periods alternate between the folds: the template fitted on one fold predicts the other.
+    Cross-validation makes lags of different lengths comparable — a long template over-fits the
+    jitter and pays for it on the held-out fold — so no degrees-of-freedom correction or Gaussian
+    test (both fragile with heavy-tailed, heteroscedastic gaps) is needed.
+    """
+    n = len(z)
+    idx = np.arange(n)
+    phase = idx % k
+    fold = (idx // k) % 2
+    total = 0.0
+    for f in (0, 1):
+        tr = fold == f
+        sums = np.bincount(phase[tr], weights=z[tr], minlength=k)
+        cnt = np.bincount(phase[tr], minlength=k)
+        means = np.where(cnt > 0, sums / np.maximum(cnt, 1), 0.0)
+        r = z[~tr] - means[phase[~tr]]
+        total += float(r @ r)
+    return total
+
+
+def _divisors(k: int) -> list[int]:
+    small = [d for d in range(1, int(k**0.5) + 1) if k % d == 0]
+    return sorted(set(small + [k // d for d in small]))
+
+
+def _choose_by_gaps(z: FloatArray, allowed: npt.NDArray[np.bool_], maxlag: int) -> tuple[int, float]:
+    """Smallest allowed lag whose periodic gap template predicts held-out periods as well as any other."""
+    n = len(z)
+    ac = _autocorr_sums(z, maxlag) / (n - np.arange(maxlag + 1))
+    lags = np.flatnonzero(allowed[1:]) + 1
+    if len(lags) == 0:
+        raise InputError("no candidate lag")
+    top = lags[np.argsort(-ac[lags], kind="stable")[:SHORTLIST]]
+    shortlist = {int(k) for k in top} | {int(lags[0])} | {int(k) for k in lags[lags <= 8]}
+    cv = {k: _cv_rss(z, k) for k in shortlist}
+    best = min(shortlist, key=lambda k: (cv[k], k))
+    # A divisor of the best lag that predicts (almost) as well is the real period; the best lag is
+    # then a multiple that only fitted the jitter.
+    for d in _divisors(best):
+        if d == best:
+            break
+        if not allowed[d]:
+            continue
+        if d not in cv:
+            cv[d] = _cv_rss(z, d)
+        # Slack: relative (jitter-dominated streams), sampling noise of a residual over n calls, and a
+        # floor relative to all structure (near-noiseless streams whose residuals are tiny).
+        slack = cv[best] * (REL_RSS_SLACK + 2.0 * np.sqrt(2.0 / n)) + ABS_RSS_SLACK * float(z @ z)
+        if cv[d] <= cv[best] + slack:
+            best = d
+            break
+    conf = max(0.0, 1.0 - cv[best] / max(float(z @ z), 1e-300))
+    return best, conf
+
+
+def estimate_period(
+    t_start: npt.ArrayLike,
+    symbols: npt.ArrayLike | None = None,
+    *,
+    min_repeats: int = 3,
+    max_period: int | None = None,
+) -> PeriodEstimate | None:
+    """Find the iteration period of one stationary stretch of calls.
+
+    Args:
+        t_start: Start (or enqueue) time of each call in seconds, in call order.
+        symbols: Optional per-call category (see `encode_symbols`); ``None`` means calls are alike.
+        min_repeats: The stretch must hold at least this many iterations for a period to count.
+        max_period: Largest period considered (default ``len(t_start) // min_repeats``).
+
+    Returns:
+        The estimate, or ``None`` when the stretch is too short or shows no periodic structure.
+
+    Raises:
+        InputError: mismatched lengths, non-finite times, or ``min_repeats < 2``.
+    """
+    t = np.asarray(t_start, dtype=np.float64)
+    if t.ndim != 1 or not np.isfinite(t).all():
+        raise InputError("estimate_period: t_start must be a 1-D array of finite times")
+    if min_repeats < 2:
+        raise InputError("estimate_period: min_repeats must be at least 2")
+    n = len(t)
+    s = None if symbols is None else np.asarray(symbols, dtype=np.int64)
+    if s is not None:
+        if s.shape != t.shape:
+            raise InputError("estimate_period: symbols and t_start differ in length")
+        if s.min(initial=0) < 0:
+            raise InputError("estimate_period: symbols must be non-negative ids (see encode_symbols)")
+    maxlag = n // min_repeats if max_period is None else min(int(max_period), n // min_repeats)
+    if maxlag < 1:
+        return None
+    allowed = np.ones(maxlag + 1, dtype=bool)
+    allowed[0] = False
+    sym_conf = 1.0
+    if s is not None and (s != s[0]).any():
+        mis = symbol_mismatch(np.minimum(s, MAX_SYMBOLS - 1), maxlag)
+        best_mis = float(mis[1:].min())
+        if best_mis <= SYMBOL_PERIODIC:
+            allowed[1:] = mis[1:] <= best_mis + SYMBOL_SLACK
+            sym_conf = 1.0 - best_mis
+        elif best_mis <= 0.5:
+            # Structured but no lag repeats it: the period is longer than this stretch can show.
+            return None
+        # else the symbols look random: rely on the gaps alone
+    z = gap_signal(t)
+    if z is not None and allowed[1:].all():
+        # Timing alone: a chance fit of a long template to jitter is likely with few repeats, so a
+        # period must repeat GAP_MIN_REPEATS times before the gaps alone may claim it.
+        maxlag = max(1, min(maxlag, n // GAP_MIN_REPEATS))
+        allowed = allowed[: maxlag + 1]
+    if z is None:
+        period, gap_conf = int(np.flatnonzero(allowed)[0]), 1.0
+    else:
+        period, gap_conf = _choose_by_gaps(z, allowed, maxlag)
+        if sym_conf == 1.0 and symbols is None and gap_conf < 0.05 and period > 1:
+            # Gaps alone and no structure found: the stream is aperiodic noise.
+            return None
+    return _boundaries(t, period, confidence=float(sym_conf * gap_conf))
+
+
+def _boundaries(t: FloatArray, period: int, *, confidence: float) -> PeriodEstimate:
+    gaps = np.concatenate(([0.0], np.maximum(np.diff(t), 0.0)))
+    phase_idx = np.arange(len(t)) % period
+    # Median gap per phase (vectorised: sort by phase, then by gap within phase).
+    order = np.lexsort((gaps, phase_idx))
+    counts = np.bincount(phase_idx, minlength=period)
+    starts = np.concatenate(([0], np.cumsum(counts)[:-1]))
+    med = gaps[order][starts + (counts - 1) // 2]
+    if len(t) > period:  # the first call's zero gap must not decide phase 0
+        first = gaps[period::period] if period < len(t) else gaps[:0]
+        med[0] = float(np.median(first)) if len(first) else med[0]
+    phase = int(np.argmax(med))
+    b = np.arange(phase, len(t), period, dtype=np.int64)
+    bt = t[b]
+    return PeriodEstimate(period=period, phase=phase, confidence=min(1.0, max(0.0, confidence)),
+                          boundaries=b, boundary_times=bt, iteration_s=np.diff(bt))
+
+
+@dataclass(frozen=True)
+class PeriodVerdict:
+    """What one `PeriodTracker.update` learned.
+
+    Attributes:
+        period: Calls per iteration currently believed, or ``None`` while (re-)estimating.
+        changed: The period changed (or was first found) in this update.
+        iteration_s: Durations of iterations completed in this update, oldest first.
+        iteration_end_t: Time (same clock as the input) each of those iterations ended.
+        iterations_total: Iterations emitted since the tracker was created.
+        mean_iteration_s: Mean over the last ``window`` emitted iterations, or ``None`` if none yet.
+        last_iteration_end_t: End time of the most recent emitted iteration, or ``None``.
+        confidence: Confidence of the current estimate (0 when none).
+    """
+
+    period: int | None
+    changed: bool
+    iteration_s: FloatArray
+    iteration_end_t: FloatArray
+    iterations_total: int
+    mean_iteration_s: float | None
+    last_iteration_end_t: float | None
+    confidence: float
+
+
+@dataclass
+class PeriodTracker:
+    """Streaming iteration tracker over one process's call stream, with bounded memory.
+
+    Feed batches of calls in order with `update`; each completed iteration is reported once.
+
+    Attributes:
+        buffer: Calls kept for (re-)estimation; the largest detectable period is ``buffer // min_repeats``.
+        window: Iterations averaged for ``mean_iteration_s``.
+        min_repeats: Iterations needed before a period is trusted.
+        refresh: Re-estimate after this many new calls even without a detected change (catches changes
+            the symbols cannot show, e.g. Send/Recv-only streams whose micro-batch count changed).
+    """
+
+    buffer: int = 8192
+    window: int = 20
+    min_repeats: int = 4
+    refresh: int = 2048
+    _t: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
+    _keys: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty((0, 0), dtype=np.int64), repr=False)
+    _base: int = 0  # absolute index of _t[0]
+    _seg: int = 0  # absolute index where the current stationary stretch starts
+    _period: int | None = None
+    _conf: float = 0.0
+    _anchor: int = 0  # absolute index of a boundary of the current period
+    _last_b: int | None = None  # absolute index of the last boundary already emitted
+    _since_est: int = 0
+    _next_try: int = 0
+    _total: int = 0
+    _recent: deque[float] = field(default_factory=deque, repr=False)
+    _last_end: float | None = None
+    _last_seq: int | None = None
+    _tmpl: FloatArray | None = field(default=None, repr=False)
+    _scale: float = 1.0
+    _corr_min: float = -1.0
+    _changed_by_gaps: bool = False
+    _last_quick: int = 0
+    _suspect: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.buffer < 16 or self.window < 1 or self.min_repeats < 2 or self.refresh < 1:
+            raise InputError("PeriodTracker: buffer >= 16, window >= 1, min_repeats >= 2, refresh >= 1")
+        self._recent = deque(maxlen=self.window)
+
+    @property
+    def period(self) -> int | None:
+        """Calls per iteration currently believed (``None`` while estimating)."""
+        return self._period
+
+    def _end(self) -> int:
+        return self._base + len(self._t)
+
+    def update(
+        self,
+        t_start: npt.ArrayLike,
+        *features: npt.ArrayLike,
+        seq: npt.ArrayLike | None = None,
+    ) -> PeriodVerdict:
+        """Add calls (in order) and report iterations completed by them.
+
+        Args:
+            t_start: Start times of the new calls, seconds.
+            *features: Per-call features that define a call's kind (op, communicator, bytes), each
+                integer-valued; the same features in the same order on every update.
+            seq: Optional per-call sequence numbers; a jump means records were lost, so the stretch
+                restarts after it rather than mixing calls across the hole.
+
+        Raises:
+            InputError: lengths differ, times are not finite, or the feature count changes.
+        """
+        t = np.asarray(t_start, dtype=np.float64).reshape(-1)
+        if not np.isfinite(t).all():
+            raise InputError("PeriodTracker.update: non-finite time")
+        keys = np.stack([np.asarray(f, dtype=np.int64).reshape(-1) for f in features], axis=1) if features \
+            else np.zeros((len(t), 0), dtype=np.int64)
+        if keys.shape[0] != len(t):
+            raise InputError("PeriodTracker.update: features and t_start differ in length")
+        if self._keys.shape[1] != keys.shape[1]:
+            if len(self._t):
+                raise InputError("PeriodTracker.update: the number of features changed")
+            self._keys = np.empty((0, keys.shape[1]), dtype=np.int64)
+        new_start = self._end()
+        emitted_s: list[float] = []
+        emitted_t: list[float] = []
+        changed = False
+        if len(t) == 0:
+            return self._verdict(changed, emitted_s, emitted_t)
+        if seq is not None:
+            sq = np.asarray(seq, dtype=np.int64).reshape(-1)
+            if len(sq) != len(t):
+                raise InputError("PeriodTracker.update: seq and t_start differ in length")
+            prev = np.concatenate(([self._last_seq if self._last_seq is not None else sq[0] - 1], sq[:-1]))
+            holes = np.flatnonzero(sq != prev + 1)
+            if len(holes):
+                changed |= self._restart(new_start + int(holes[-1]))
+            self._last_seq = int(sq[-1])
+        self._t = np.concatenate((self._t, t))
+        self._keys = np.concatenate((self._keys, keys))
+        if len(self._t) > self.buffer:
+            drop = len(self._t) - self.buffer
+            self._t, self._keys, self._base = self._t[drop:], self._keys[drop:], self._base + drop
+            self._seg = max(self._seg, self._base)
+        self._since_est += len(t)
+
+        if self._period is not None:
+            # Symbol check of the new calls against one period earlier: a mismatch burst is a new pattern.
+            lo = max(new_start, self._seg + self._period, self._base + self._period)
+            if lo < self._end() and self._keys.shape[1]:
+                cur = self._keys[lo - self._base:]
+                ref = self._keys[lo - self._base - self._period: self._end() - self._base - self._period]
+                bad = np.flatnonzero((cur != ref).any(axis=1))
+                if len(bad) >= max(2, (self._end() - lo) // 50):
+                    changed |= self._restart(lo + int(bad[0]))
+        if self._period is not None and self._end() - self._last_quick >= 2 * self._period:
+            changed |= self._quick_check()
+        for _ in range(3):  # estimate, emit; a change seen while emitting re-estimates the rest
+            if (self._period is None or self._since_est >= self.refresh) and self._end() >= self._next_try:
+                changed |= self._estimate()
+            if self._period is None:
+                break
+            self._changed_by_gaps = False
+            self._emit(emitted_s, emitted_t)
+            if not self._changed_by_gaps:
+                break
+            changed = True
+        return self._verdict(changed, emitted_s, emitted_t)
+
+    def _quick_check(self) -> bool:
+        """Re-estimate on the latest few iterations only; adopt a different period seen twice in a row.
+
+        Cheap (a few periods of calls) and frequent, so a schedule change that the symbols cannot show
+        (all calls alike) is found within a few iterations instead of at the next full refresh.
+        """
+        p = self._period
+        self._last_quick = self._end()
+        if p is None:
+            return False
+        n = min(self._end() - self._seg, 4 * self.min_repeats * p)
+        if n < 2 * self.min_repeats * p:
+            return False
+        lo = self._end() - n - self._base
+        sym = encode_symbols(*self._keys[lo:].T) if self._keys.shape[1] else None
+        est = estimate_period(self._t[lo:], sym, min_repeats=self.min_repeats)
+        if est is None or est.period == p:
+            self._suspect = None
+            return False
+        if self._suspect != est.period:
+            self._suspect = est.period
+            return False
+        self._suspect = None
+        self._restart(self._end() - n)
+        self._estimate()
+        return True
+
+    def _restart(self, at: int) -> bool:
+        was = self._period is not None
+        self._seg = max(at, self._base)
+        self._period, self._conf, self._last_b, self._next_try = None, 0.0, None, 0
+        self._tmpl = None
+        return was
+
+    def _estimate(self) -> bool:
+        lo = self._seg - self._base
+        t = self._t[lo:]
+        self._since_est = 0
+        if len(t) < 2 * self.min_repeats:
+            return False
+        sym = encode_symbols(*self._keys[lo:].T) if self._keys.shape[1] else None
+        est = estimate_period(t, sym, min_repeats=self.min_repeats)
+        if est is None:
+            self._next_try = self._end() + max(8, len(t) // 4)
+            return False
+        # A period found in only the latest part that differs from the whole stretch means the pattern
+        # changed without the symbols showing it; trust the recent part.
+        if self._period is not None and len(t) >= 4 * self.min_repeats * est.period:
+            half = len(t) // 2
+            recent = estimate_period(t[half:], None if sym is None else sym[half:], min_repeats=self.min_repeats)
+            if recent is not None and recent.period != est.period:
+                self._seg = self._base + lo + half
+                return self._estimate()
+        if est.period == self._period:
+            self._conf = est.confidence
+            self._fit_template()
+            return False
+        self._period, self._conf = est.period, est.confidence
+        bounds = self._seg + est.boundaries
+        # Emission resumes at the first new boundary not before what was already reported: the
+        # iteration that straddles a pattern change mixes two schedules and is not reported.
+        if self._last_b is not None:
+            bounds = bounds[bounds >= self._last_b]
+        self._anchor = int(bounds[0]) if len(bounds) else self._seg + int(est.boundaries[-1])
+        self._last_b = self._anchor
+        self._fit_template()
+        return True
+
+    def _log_gaps(self, start: int, stop: int) -> FloatArray:
+        """Scaled log gap before each call in absolute ``[start, stop)`` (first call of buffer: 0)."""
+        i = np.arange(start, stop) - self._base
+        prev = np.maximum(i - 1, 0)
+        g = np.maximum(self._t[i] - self._t[prev], 0.0)
+        return np.asarray(np.log1p(g / self._scale), dtype=np.float64)
+
+    def _iteration_corr(self, starts: IntArray) -> FloatArray:
+        """Correlation of each iteration's gap profile (iterations starting at ``starts``) with the template."""
+        p = self._period
+        if p is None or self._tmpl is None or len(starts) == 0:
+            return np.ones(len(starts))
+        idx = (starts[:, None] + np.arange(p)[None, :]).reshape(-1)
+        x = self._log_gaps(int(idx.min()), int(idx.max()) + 1)[idx - int(idx.min())].reshape(len(starts), p)
+        xc = x - x.mean(axis=1, keepdims=True)
+        tc = self._tmpl - self._tmpl.mean()
+        den = np.sqrt((xc * xc).sum(axis=1) * float(tc @ tc))
+        return np.where(den > 0, (xc @ tc) / np.maximum(den, 1e-300), 1.0)
+
+    def _fit_template(self) -> None:
+        """Per-phase gap profile of the current stretch, and how well its own iterations match it.
+
+        Later iterations are checked against it: a stream whose calls all look alike can only show a
+        new schedule (e.g. more micro-batches) through its gaps.
+        """
+        p = self._period
+        self._tmpl = None
+        if p is None or p < 3:
+            return
+        lo = max(self._seg, self._base + 1)
+        gaps = np.maximum(np.diff(self._t[lo - self._base - 1:]), 0.0)
+        self._scale = max(float(np.median(gaps)), 1e-9) if len(gaps) else 1.0
+        first = lo + ((self._anchor - lo) % p)
+        starts = np.arange(first, self._end() - p + 1, p, dtype=np.int64)
+        if len(starts) < 2:
+            return
+        idx = (starts[:, None] + np.arange(p)[None, :]).reshape(-1)
+        x = self._log_gaps(first, int(idx.max()) + 1)[idx - first].reshape(len(starts), p)
+        tmpl = np.median(x, axis=0)
+        if float(np.ptp(tmpl)) <= 0:
+            return
+        self._tmpl = tmpl
+        base = self._iteration_corr(starts)
+        med = float(np.median(base))
+        mad = float(np.median(np.abs(base - med)))
+        self._corr_min = med - max(CORR_DROP, 6.0 * mad)
+
+    def _emit(self, out_s: list[float], out_t: list[float]) -> None:
+        p = self._period
+        if p is None or self._last_b is None:
+            return
+        end = self._end()
+        last = self._last_b
+        if last < self._base:  # fell out of the buffer (should not happen with sane buffer sizes)
+            last = self._base + ((self._anchor - self._base) % p)
+        b = np.arange(last, end, p, dtype=np.int64)
+        if len(b) < 2:
+            return
+        # Gap-profile check: two consecutive iterations that do not look like the template mean the
+        # schedule changed; restart estimation at the first of them and report neither.
+        bad = self._iteration_corr(b[:-1]) < self._corr_min
+        pair = np.flatnonzero(bad[:-1] & bad[1:])
+        if len(pair):
+            b = b[: pair[0] + 1]
+            restart_at = int(b[-1])
+        elif bad[-1]:
+            b = b[:-1]  # wait for the next iteration to tell a blip from a change
+            restart_at = None
+        else:
+            restart_at = None
+        if len(b) >= 2:
+            bt = self._t[b - self._base]
+            d = np.diff(bt)
+            out_s.extend(float(x) for x in d)
+            out_t.extend(float(x) for x in bt[1:])
+            self._recent.extend(out_s[-len(d):])
+            self._total += len(d)
+            self._last_end = float(bt[-1])
+            self._last_b = int(b[-1])
+        if restart_at is not None:
+            self._restart(restart_at)
+            self._changed_by_gaps = True
+
+    def _verdict(self, changed: bool, s: list[float], t: list[float]) -> PeriodVerdict:
+        return PeriodVerdict(
+            period=self._period, changed=changed,
+            iteration_s=np.asarray(s, dtype=np.float64), iteration_end_t=np.asarray(t, dtype=np.float64),
+            iterations_total=self._total,
+            mean_iteration_s=float(np.mean(self._recent)) if self._recent else None,
+            last_iteration_end_t=self._last_end, confidence=self._conf if self._period is not None else 0.0)
+
+
+@dataclass(frozen=True)
+class IterationResult:
+    """Iterations found in a whole recorded call sequence (batch use of `PeriodTracker`).
+
+    Attributes:
+        period: Calls per iteration at the end of the sequence (``None`` if never found).
+        periods: Every period adopted, in order (more than one when the pattern changed).
+        iteration_s: Duration of every iteration found, in order.
+        iteration_end_t: Time each of those iterations ended.
+    """
+
+    period: int | None
+    periods: tuple[int, ...]
+    iteration_s: FloatArray
+    iteration_end_t: FloatArray
+
+    @property
+    def median_s(self) -> float | None:
+        """Median iteration time, or ``None`` when no iteration was found."""
+        return float(np.median(self.iteration_s)) if len(self.iteration_s) else None
+
+
+def infer_iterations(
+    t_start: npt.ArrayLike,
+    *features: npt.ArrayLike,
+    chunk: int = 256,
+    buffer: int = 8192,
+    min_repeats: int = 4,
+) -> IterationResult:
+    """Run a `PeriodTracker` over a complete call sequence, as the exporter would see it arrive.
+
+    Args:
+        t_start: Call start times in seconds, in call order.
+        *features: Integer per-call features (op, communicator, bytes, ...).
+        chunk: Calls per update (the exporter's reads arrive in chunks too).
+        buffer: Tracker buffer (largest period detectable is ``buffer // min_repeats``).
+        min_repeats: Iterations needed before a period is trusted.
+    """
+    t = np.asarray(t_start, dtype=np.float64)
+    feats = [np.asarray(f, dtype=np.int64) for f in features]
+    if any(len(f) != len(t) for f in feats):
+        raise InputError("infer_iterations: features and t_start differ in length")
+    tr = PeriodTracker(buffer=buffer, min_repeats=min_repeats, window=max(1, len(t)))
+    periods: list[int] = []
+    out_s: list[FloatArray] = []
+    out_t: list[FloatArray] = []
+    for i in range(0, len(t), chunk):
+        v = tr.update(t[i:i + chunk], *(f[i:i + chunk] for f in feats))
+        if v.changed and v.period is not None:
+            periods.append(v.period)
+        out_s.append(v.iteration_s)
+        out_t.append(v.iteration_end_t)
+    return IterationResult(
+        period=tr.period, periods=tuple(periods),
+        iteration_s=np.concatenate(out_s) if out_s else np.empty(0),
+        iteration_end_t=np.concatenate(out_t) if out_t else np.empty(0))

@@ -1,0 +1,139 @@
+"""Period inference on seeded synthetic call streams with ground truth."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from failslow import period_synth as ps
+from failslow.acf import PeriodTracker, encode_symbols, estimate_period, infer_iterations
+from failslow.errors import InputError
+
+SCENARIOS = {
+    "dp_buckets": lambda: ps.dp_buckets(4),
+    "dp_identical_buckets": lambda: ps.dp_buckets(4, identical=True),
+    "dp_single_allreduce": lambda: ps.dp_buckets(1, identical=True),
+    "pp4_first_stage": lambda: ps.pp_1f1b(0, 4, 8),
+    "pp4_middle_stage": lambda: ps.pp_1f1b(1, 4, 8),
+    "pp4_last_stage": lambda: ps.pp_1f1b(3, 4, 8),
+    "pp2_with_dp": lambda: ps.pp_1f1b(1, 2, 6, dp_allreduce=True),
+}
+
+
+def _features(tr: ps.SynthTrace, identical: bool) -> tuple[np.ndarray, ...]:
+    # "identical": every call has the same kind, communicator and size; only timing is left.
+    return () if identical else (tr.op, tr.comm, tr.nbytes)
+
+
+@pytest.mark.parametrize("identical", [False, True], ids=["features", "all_identical"])
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_batch_period_is_exact(name: str, identical: bool, seed: int) -> None:
+    tr = ps.generate([SCENARIOS[name]()], [30], seed=seed)
+    feats = _features(tr, identical)
+    est = estimate_period(tr.t_start, encode_symbols(*feats) if feats else None)
+    assert est is not None
+    assert est.period == tr.period[0]
+    # durations between boundary calls telescope to the true total over the same iterations
+    k = len(est.iteration_s)
+    assert k >= 28
+    assert abs(np.mean(est.iteration_s) / np.mean(tr.iteration_s) - 1) < 0.01
+
+
+@pytest.mark.parametrize("jitter", [0.0, 0.05, 0.2])
+@pytest.mark.parametrize("name", ["pp4_middle_stage", "dp_identical_buckets", "pp2_with_dp"])
+def test_streaming_matches_truth_under_jitter(name: str, jitter: float) -> None:
+    for seed in range(3):
+        tr = ps.generate([SCENARIOS[name]()], [60], seed=seed, jitter=jitter)
+        res = infer_iterations(tr.t_start)  # timing only: the hardest case
+        assert res.periods == (tr.period[0],), f"seed {seed}"
+        assert len(res.iteration_s) >= 55
+        # each emitted iteration ends at a boundary call; compare with the true iterations it spans
+        truth = np.median(tr.iteration_s)
+        assert abs(res.median_s / truth - 1) < 0.02 + jitter / 5
+        assert abs(np.mean(res.iteration_s) / np.mean(tr.iteration_s[-len(res.iteration_s):]) - 1) < 0.012
+
+
+def _check_change(tr: ps.SynthTrace, res, first: int, second: int, n_first: int) -> None:
+    assert res.periods == (first, second)
+    # iterations reported after the change match the new schedule's true durations
+    change_t = tr.iter_start[n_first]
+    after = res.iteration_s[res.iteration_end_t > change_t + 10 * np.median(tr.iteration_s)]
+    assert len(after) >= 20
+    truth_after = tr.iteration_s[n_first:]
+    assert abs(np.median(after) / np.median(truth_after) - 1) < 0.02
+    before = res.iteration_s[res.iteration_end_t <= change_t]
+    assert abs(np.median(before) / np.median(tr.iteration_s[:n_first]) - 1) < 0.02
+
+
+@pytest.mark.parametrize("identical", [False, True], ids=["features", "all_identical"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pattern_change_micro_batches(identical: bool, seed: int) -> None:
+    # 1F1B first stage of two: micro-batches 4 -> 8 doubles the calls per iteration.
+    tr = ps.generate([ps.pp_1f1b(0, 2, 4), ps.pp_1f1b(0, 2, 8)], [40, 60], seed=seed)
+    res = infer_iterations(tr.t_start, *_features(tr, identical))
+    _check_change(tr, res, 8, 16, 40)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pattern_change_fewer_buckets(seed: int) -> None:
+    tr = ps.generate([ps.dp_buckets(6), ps.dp_buckets(3)], [40, 60], seed=seed)
+    res = infer_iterations(tr.t_start, tr.op, tr.comm, tr.nbytes)
+    _check_change(tr, res, 7, 4, 40)
+
+
+def test_tracker_is_bounded_and_counts_each_iteration_once() -> None:
+    tr = ps.generate([ps.pp_1f1b(1, 4, 8)], [200], seed=3)
+    t = PeriodTracker(buffer=1024, window=10)
+    total = 0
+    for i in range(0, len(tr.t_start), 100):
+        v = t.update(tr.t_start[i:i + 100], tr.op[i:i + 100], tr.comm[i:i + 100], tr.nbytes[i:i + 100])
+        total += len(v.iteration_s)
+        assert len(t._t) <= 1024
+        assert v.iterations_total == total
+    assert v.period == 32 and total >= 195
+    assert v.mean_iteration_s is not None
+    assert abs(v.mean_iteration_s / np.mean(tr.iteration_s[-10:]) - 1) < 0.02
+    assert v.last_iteration_end_t is not None and v.last_iteration_end_t <= tr.t_start[-1]
+
+
+def test_lost_records_restart_the_stretch() -> None:
+    tr = ps.generate([ps.pp_1f1b(0, 4, 8)], [80], seed=4)
+    seq = np.arange(1, len(tr.t_start) + 1)
+    keep = np.ones(len(seq), dtype=bool)
+    keep[500:507] = False  # seven records lost to overwrite: call indices no longer line up
+    t = PeriodTracker()
+    out = []
+    for i in range(0, len(seq), 64):
+        sl = slice(i, i + 64)
+        m = keep[sl]
+        v = t.update(tr.t_start[sl][m], tr.op[sl][m], tr.comm[sl][m], tr.nbytes[sl][m], seq=seq[sl][m])
+        out.extend(v.iteration_s)
+    assert t.period == 16
+    out_a = np.array(out)
+    # no iteration straddling the hole is reported with a wrong length
+    assert np.all(np.abs(out_a / np.median(tr.iteration_s) - 1) < 0.15)
+    assert len(out_a) >= 70
+
+
+def test_aperiodic_noise_has_no_period() -> None:
+    rng = np.random.default_rng(5)
+    t = np.cumsum(rng.exponential(0.01, size=2000))
+    est = estimate_period(t)
+    assert est is None or est.confidence < 0.1
+
+
+def test_bad_input_raises() -> None:
+    with pytest.raises(InputError):
+        estimate_period([0.0, np.nan, 1.0])
+    with pytest.raises(InputError):
+        estimate_period([0.0, 1.0], [1])
+    with pytest.raises(InputError):
+        encode_symbols([1, 2], [1])
+    with pytest.raises(InputError):
+        PeriodTracker(buffer=2)
+    tr = PeriodTracker()
+    tr.update([0.0, 1.0], [1, 1])
+    with pytest.raises(InputError):
+        tr.update([2.0], [1], [2])  # feature count changed
+    assert estimate_period([1.0, 2.0]) is None  # too short to hold repeats
