@@ -221,9 +221,8 @@ if _PAYLOAD.size != RECORD_SIZE - 8:  # pragma: no cover - a programming error i
     raise RuntimeError("record payload format does not match RECORD_SIZE")
 _OFF_T_START: Final[int] = 40
 _OFF_FLAGS: Final[int] = 80
+_OFF_PEER: Final[int] = 72
 _OFF_T_RETURN: Final[int] = 56
-_I64X3: Final[struct.Struct] = struct.Struct("<qqq")
-_U32: Final[struct.Struct] = struct.Struct("<I")
 
 if sys.byteorder != "little":  # pragma: no cover - the ring is little-endian by contract
     raise ImportError("failslow.ring supports little-endian hosts only")
@@ -621,8 +620,12 @@ class RingWriter:
         t_end_ns: int | None = None,
         t_return_ns: int | None = None,
         add_flags: int = 0,
+        peer: int | None = None,
     ) -> None:
-        """Fill in the late fields of a record from `begin` and commit it (stamp written last)."""
+        """Fill in the late fields of a record from `begin` and commit it (stamp written last).
+
+        ``peer`` fixes a peer that was unknown at the call (a receive from any source).
+        """
         if seq <= 0 or self._closed:
             return
         base = HEADER_SIZE + ((seq - 1) & self._mask) * RECORD_SIZE
@@ -635,6 +638,8 @@ class RingWriter:
             self._q[(base + _OFF_T_START + 8) // 8] = t_end_ns & 0xFFFFFFFFFFFFFFFF
         if t_return_ns is not None:
             self._q[(base + _OFF_T_RETURN) // 8] = t_return_ns & 0xFFFFFFFFFFFFFFFF
+        if peer is not None:
+            self._u32[(base + _OFF_PEER) // 4] = peer & 0xFFFFFFFF
         if add_flags:
             fi = (base + _OFF_FLAGS) // 4
             self._u32[fi] = self._u32[fi] | int(add_flags)
@@ -674,6 +679,18 @@ class RingWriter:
         """Advertise producer capabilities (``Feature`` bits) in the header."""
         off = _HDR["features"][1]
         self._u32[off // 4] = int(features)
+
+    def suspend_timeout_ms(self) -> int:
+        """The controller's bound on one suspended call (0 = use the producer's default)."""
+        return 0 if self._closed else int(self._u32[_HDR["suspend_timeout_ms"][1] // 4])
+
+    def add_suspended(self, delta: int) -> None:
+        """Adjust the count of threads currently held by SUSPEND (shown to controllers)."""
+        if self._closed:
+            return
+        with self._lock:
+            i = _HDR["suspended"][1] // 4
+            self._u32[i] = max(0, int(self._u32[i]) + delta)
 
     @property
     def write_index(self) -> int:
