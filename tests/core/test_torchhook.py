@@ -67,7 +67,7 @@ def _load(out: Path, rings: Path, rank: int) -> tuple[dict[str, Any], np.ndarray
 
 
 def test_headers_identify_the_ranks(gloo_job: tuple[Path, Path]) -> None:
-    out, rings = gloo_job
+    _out, rings = gloo_job
     paths = find_rings(rings)
     assert len(paths) == WS
     hdrs = sorted((read_header(p) for p in paths), key=lambda h: h.rank)
