@@ -400,9 +400,15 @@ def write_trace(path: str | Path, columns: Mapping[str, Sequence[Any] | np.ndarr
     import pyarrow as pa
 
     p = Path(path)
-    arrays = {c: pa.array(np.asarray(columns[c])) if c != "optype" else pa.array(list(columns[c]))
-              for c in COLUMNS}
-    arrays["optype"] = arrays["optype"].dictionary_encode()
+    arrays = {c: pa.array(np.asarray(columns[c])) for c in COLUMNS if c != "optype"}
+    ot = columns["optype"]
+    if isinstance(ot, tuple):  # (codes, names), as the synthetic generator returns it
+        codes, names = ot
+        arrays["optype"] = pa.DictionaryArray.from_arrays(pa.array(np.asarray(codes, dtype=np.int32)),
+                                                          pa.array(list(names)))
+    else:
+        arrays["optype"] = pa.array(list(ot)).dictionary_encode()
+    arrays = {c: arrays[c] for c in COLUMNS}
     table = pa.table(arrays)
     if p.name.endswith(".parquet"):
         import pyarrow.parquet as pq
