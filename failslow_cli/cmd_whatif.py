@@ -18,6 +18,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--heatmap", help="write a DP x PP heatmap of per-worker slowdown S_w (PNG)")
     p.add_argument("--textfile", help="write per-worker S_w as a Prometheus textfile (.prom)")
     p.add_argument("--job", help="job label (default: the metadata's trial_name, else the trace's name)")
+    p.add_argument("--ideal", choices=("mean", "median"), default="mean",
+                   help="idealised compute duration per op type: mean (the what-if study's definition, "
+                        "default) or median (robust for small jobs where one straggler shifts the mean)")
     p.add_argument("--max-sim-error", type=float, default=0.05,
                    help="refuse when the simulated mean step time is off the measured one by more (default 0.05)")
 
@@ -33,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
     meta = read_meta(meta_path) if meta_path else None
     trace = read_trace(args.trace, meta)
     job = args.job or trace.meta.trial_name or Path(args.trace).name.split(".")[0]
-    result = analyze(trace, job=job, max_sim_error=args.max_sim_error)
+    result = analyze(trace, job=job, max_sim_error=args.max_sim_error, ideal=args.ideal)
     text = json.dumps(result.to_json(), indent=2)
     if args.out:
         from failslow.whatif.output import write_text

@@ -43,6 +43,7 @@ class WhatIfResult:
     """Everything the analysis found about one trace (see the module docstring for definitions)."""
 
     job: str
+    ideal: str
     dp: int
     pp: int
     vpp: int
@@ -72,6 +73,7 @@ class WhatIfResult:
         """A JSON-serialisable summary (the `failslow whatif` output)."""
         return {
             "job": self.job,
+            "ideal": self.ideal,
             "layout": {"dp": self.dp, "pp": self.pp, "vpp": self.vpp},
             "n_ops": self.n_ops,
             "n_steps": len(self.steps),
@@ -103,7 +105,7 @@ def _share(t: float, t_part: float, t_ideal: float) -> float | None:
 
 
 def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_SIM_ERROR,
-            top_share: float = TOP_WORKER_SHARE, model: Model | None = None) -> WhatIfResult:
+            top_share: float = TOP_WORKER_SHARE, ideal: str = "mean", model: Model | None = None) -> WhatIfResult:
     """Run the whole what-if analysis of a trace.
 
     Args:
@@ -112,9 +114,11 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
         max_sim_error: refuse (InputError) when the simulated original timeline's mean step time is
             further than this from the measured one.
         top_share: fraction of workers whose idealisation M_W measures.
+        ideal: idealised compute duration per op type: "mean" (the study's definition) or "median"
+            (robust when one straggler is a large share of a small job's workers).
         model: a dependency model already built for `trace`.
     """
-    m = model if model is not None else build_model(trace)
+    m = model if model is not None else build_model(trace, ideal)
     meta = trace.meta
     dp, pp, n = meta.dp_size, meta.pp_size, m.n_nodes
 
@@ -170,7 +174,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     res_wo_cause = dict(S=S, S_t=S_t, S_stage=S_stage, S_dp=S_dp, S_w=S_w, M_W=M_W, M_S=M_S)
     cause = diagnose(m, **res_wo_cause)  # type: ignore[arg-type]
     return WhatIfResult(
-        job=job if job is not None else meta.trial_name,
+        job=job if job is not None else meta.trial_name, ideal=ideal,
         dp=dp, pp=pp, vpp=meta.vpp_size, n_ops=trace.n_ops,
         steps=tuple(int(s) for s in trace.step_ids),
         T_trace=T_trace, T=T, T_ideal=T_ideal, S=S, W=1.0 - 1.0 / S,

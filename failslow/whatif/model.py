@@ -40,6 +40,7 @@ from failslow.whatif.trace import OPTYPES, Kind, Trace
 FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
+IDEAL_METHODS = ("mean", "median")
 ISSUE_EPS = 5e-5  # s: clock jitter allowed when inferring "issued after" from timestamps
 
 
@@ -142,8 +143,16 @@ def _lane_constant(name: str, values: IntArray, n_nodes: int, n_lanes: int, cell
     return grid[:, 0].copy()
 
 
-def build_model(trace: Trace) -> Model:
-    """Build the dependency model of a validated trace; `InputError` when it cannot be modelled."""
+def build_model(trace: Trace, compute: str = "mean") -> Model:
+    """Build the dependency model of a validated trace; `InputError` when it cannot be modelled.
+
+    Args:
+        trace: a validated trace.
+        compute: how compute ops are idealised, "mean" (the what-if study's definition) or
+            "median" (robust when stragglers are a large share of a small job's workers).
+    """
+    if compute not in IDEAL_METHODS:
+        raise InputError(f"unknown idealisation {compute!r}; choose one of {IDEAL_METHODS}")
     meta = trace.meta
     _node, cell, stage, optype, seq = _dense(trace)
     n_nodes = int(stage.shape[0])
@@ -184,10 +193,32 @@ def build_model(trace: Trace) -> Model:
         for a, b in itertools.pairwise(main_list):
             deps[b].append(a)
 
-        def issued_after(v: int, _main_end: FloatArray = main_end, _main: list[int] = main_list) -> int | None:
-            # the last main-stream op (in stream order) that ended before this op started
+        dpc = on_stage[kind[on_stage] == Kind.DP_COLL]
+        dpc = dpc[np.lexsort((seq[dpc], t_end[dpc], t_start[dpc]))].tolist()
+        dpc_end = t_end[dpc] if dpc else np.zeros(0)
+        main_start = t_start[main]
+
+        def issued_after(v: int, _main_end: FloatArray = main_end, _main: list[int] = main_list,
+                         _dpc_end: FloatArray = dpc_end, _dpc: list[int] = dpc) -> list[int]:
+            # The CPU issues calls in program order: an op waits for the last main-stream op and
+            # the last DP collective that ended before it started.
+            out = []
             before = np.flatnonzero(_main_end <= t_start[v] + ISSUE_EPS)
-            return _main[int(before[-1])] if before.size else None
+            if before.size:
+                out.append(_main[int(before[-1])])
+            before = np.flatnonzero(_dpc_end <= t_start[v] + ISSUE_EPS)
+            if before.size and _dpc[int(before[-1])] != v:
+                out.append(_dpc[int(before[-1])])
+            return out
+
+        def block(v: int, _main_start: FloatArray = main_start, _main: list[int] = main_list) -> None:
+            # Blocking calls: the next main-stream op, issued after this call, started only after it
+            # ended, so it waits for it (fused send/recv, synchronous all-gather ...).
+            after = np.flatnonzero(_main_start >= t_start[v] - ISSUE_EPS)
+            if after.size:
+                nxt = _main[int(after[0])]
+                if t_start[nxt] >= t_end[v] - ISSUE_EPS:
+                    deps[nxt].append(v)
 
         comp_gmc = {}
         for v in main_list:
@@ -231,15 +262,16 @@ def build_model(trace: Trace) -> Model:
                     deps[v].append(c)
                 else:
                     deps[c].append(v)
-                issue = issued_after(v)
-                if issue is not None and issue not in deps[v] and issue != c:
-                    deps[v].append(issue)
-                elif issue == c and not is_send:
-                    # a receive the compute waits for cannot wait for that compute: the
-                    # timestamps overlap, so fall back to the compute's predecessor
-                    i = main_list.index(c)
-                    if i > 0:
-                        deps[v].append(main_list[i - 1])
+                for issue in issued_after(v):
+                    if issue != c:
+                        deps[v].append(issue)
+                    elif not is_send:
+                        # a receive cannot wait for the compute that consumes it (overlapping
+                        # timestamps): it waits for the compute's predecessor instead
+                        i = main_list.index(c)
+                        if i > 0:
+                            deps[v].append(main_list[i - 1])
+                block(v)
                 if is_send:
                     sends.setdefault((s, direction), []).append(v)
                 else:
@@ -247,15 +279,12 @@ def build_model(trace: Trace) -> Model:
                     recvs.setdefault((src, direction), []).append(v)
 
         # --- DP stream
-        dpc = on_stage[kind[on_stage] == Kind.DP_COLL]
-        dpc = dpc[np.lexsort((seq[dpc], t_end[dpc], t_start[dpc]))].tolist()
         for a, b in itertools.pairwise(dpc):
             deps[b].append(a)
         opt_phase = [v for v in main_list if optype[v] in (tr.CLIP, tr.OPTIMIZER)]
         for v in dpc:
-            issue = issued_after(v)
-            if issue is not None:
-                deps[v].append(issue)
+            deps[v].extend(issued_after(v))
+            block(v)
             if optype[v] == tr.PARAMS_AG:
                 chunk = [c for c in fwd if mc[v] < 0 or mc[c] == mc[v] or mc[c] < 0]
                 if chunk and v not in deps[chunk[0]]:
@@ -313,13 +342,7 @@ def build_model(trace: Trace) -> Model:
             latest = latest.max(axis=0, keepdims=True)
         work[mem] = np.maximum(end[mem] - latest, 0.0)
 
-    ideal = np.zeros(n_nodes)
-    for o in np.unique(optype).tolist():
-        sel = (optype == o) & simulated
-        if not sel.any():
-            continue
-        vals = work[sel]
-        ideal[sel] = float(np.median(vals)) if OPTYPES[o].is_comm else float(vals.mean())
+    ideal = idealise(work, optype, simulated, compute)
 
     consumers = np.zeros(n_nodes, dtype=np.int64)
     for v in range(n_nodes):
@@ -329,6 +352,20 @@ def build_model(trace: Trace) -> Model:
     return Model(trace=trace, stage=stage, optype=optype, seq=seq, simulated=simulated, deps=tuple(deps_t),
                  groups=groups, sinks=sinks, work=work, ideal=ideal, start=start, end=end,
                  gmc=gmc, mb=mb, n_noops=int((~simulated).sum()))
+
+
+def idealise(work: FloatArray, optype: IntArray, simulated: npt.NDArray[np.bool_],
+             compute: str = "mean") -> FloatArray:
+    """Idealised work per node: per op type, the mean (or median) compute duration / median transfer."""
+    ideal = np.zeros(optype.shape[0])
+    for o in np.unique(optype).tolist():
+        sel = (optype == o) & simulated
+        if not sel.any():
+            continue
+        vals = work[sel]
+        use_median = OPTYPES[o].is_comm or compute == "median"
+        ideal[sel] = float(np.median(vals)) if use_median else float(vals.mean())
+    return ideal
 
 
 def _toposort(groups_members: list[tuple[list[int], bool, bool]], deps: list[tuple[int, ...]],

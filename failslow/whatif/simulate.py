@@ -133,3 +133,37 @@ def simulate(model: Model, source: WorkSource, n_scenarios: int) -> FloatArray:
             if v in sinks:
                 np.maximum(step_end, e, out=step_end)
     return step_end.max(axis=1)
+
+
+def simulate_timeline(model: Model, keep: BoolArray | None = None) -> tuple[FloatArray, FloatArray]:
+    """Simulated start and end of every node instance, (nodes, dp, steps), for one scenario.
+
+    `keep` (nodes, dp) selects which work stays original (default: all, the original timeline).
+    Slower than `simulate` (keeps every array); meant for inspection and tests.
+    """
+    n, dp, steps = model.n_nodes, model.dp, model.n_steps
+    k = np.ones((1, n, dp), bool) if keep is None else keep[None]
+    src = FullLanes(model, k)
+    start = np.full((n, dp, steps), np.nan)
+    end = np.full((n, dp, steps), np.nan)
+    deps = model.deps
+
+    def start_of(v: int) -> FloatArray:
+        s = np.zeros((dp, steps))
+        for d in deps[v]:
+            s = np.maximum(s, end[d])
+        return s
+
+    for g in model.groups:
+        starts = [start_of(v) for v in g.members]
+        for v, s in zip(g.members, starts, strict=True):
+            start[v] = s
+        if not g.is_comm:
+            end[g.members[0]] = starts[0] + src(g.members[0])[0]
+            continue
+        latest = np.max(np.stack(starts), axis=0)
+        if g.dp_sync:
+            latest = latest.max(axis=0, keepdims=True)
+        for v in g.members:
+            end[v] = latest + src(v)[0]
+    return start, end
