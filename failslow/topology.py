@@ -17,6 +17,7 @@ let callers work across all ranks of a 10k-GPU job with numpy instead of Python 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
@@ -280,3 +281,109 @@ class Layout:
         nodes = "1 node" if self.ranks_per_node is None else f"{self.num_nodes} nodes x {self.ranks_per_node}"
         vpp = f"xVPP{self.vpp}" if self.vpp > 1 else ""
         return f"TP{self.tp}xCP{self.cp}xDP{self.dp}xPP{self.pp}{vpp} ({self.world_size} ranks, {nodes})"
+
+
+@dataclass(frozen=True)
+class ObservedComm:
+    """What one rank's call records tell about a communicator it uses.
+
+    Attributes:
+        nranks: Communicator size.
+        comm_rank: The rank's position in it.
+        collective: Collectives were issued on it (all-reduce, all-gather, ...).
+        peers: Peers (communicator ranks) of its Send/Recv calls.
+    """
+
+    nranks: int
+    comm_rank: int
+    collective: bool = True
+    peers: tuple[int, ...] = ()
+
+
+def group_kind(layout: Layout, rank: int, comm: ObservedComm) -> str:
+    """Which parallel group of ``rank`` a communicator is: ``tp``, ``cp``, ``dp``, ``pp``, ``world`` or ``unknown``.
+
+    A communicator matches a group when its size and the rank's position in it agree with the layout
+    (positions follow the group order of `Layout.tp_group` etc.); one with Send/Recv peers is only
+    matched to the pipeline group. When several groups fit (TP = DP and the rank sits at the same
+    position in both) the candidates are joined with ``|`` in axis order, e.g. ``tp|dp``.
+    """
+    if comm.nranks == layout.world_size and comm.comm_rank == rank:
+        return "world"
+    c = layout.coords(rank)
+    kinds = ("pp",) if comm.peers else ("tp", "cp", "dp", "pp")
+    hits = [k for k in kinds if getattr(layout, k) == comm.nranks > 1 and getattr(c, k) == comm.comm_rank]
+    return "|".join(hits) if hits else "unknown"
+
+
+def infer_layout(world_size: int, rank: int, comms: list[ObservedComm],
+                 ranks_per_node: int | None = None) -> Layout | None:
+    """Guess the TP/DP/PP layout (CP = 1) of a job from the communicators one of its ranks uses.
+
+    Every factorisation ``tp * dp * pp = world_size`` is checked against the observations: each
+    communicator smaller than the world must be one of the rank's groups (same size, same position);
+    Send/Recv peers on a world-sized communicator must be the rank's pipeline neighbours; and every
+    axis larger than one must show up in some communicator (each in a different one). When several
+    factorisations survive because one collective communicator could be either the TP or the DP group,
+    the one with the largest DP is taken; ``None`` when the observations fit no layout or stay ambiguous.
+
+    Raises:
+        InputError: ``rank`` outside the world, or a non-positive world size.
+    """
+    if world_size < 1 or not 0 <= rank < world_size:
+        raise InputError(f"infer_layout: rank {rank} outside a world of {world_size}")
+    survivors: list[Layout] = []
+    for tp in range(1, world_size + 1):
+        if world_size % tp:
+            continue
+        for dp in range(1, world_size // tp + 1):
+            if (world_size // tp) % dp:
+                continue
+            pp = world_size // (tp * dp)
+            rpn = ranks_per_node if ranks_per_node and world_size % ranks_per_node == 0 else None
+            lay = Layout(tp=tp, dp=dp, pp=pp, ranks_per_node=rpn)
+            if _consistent(lay, rank, comms):
+                survivors.append(lay)
+    if len(survivors) > 1:
+        # One collective communicator cannot say whether it is TP or DP: take the data-parallel
+        # reading (gradient all-reduce is in every job, tensor parallelism is not).
+        top = max(s.dp for s in survivors)
+        survivors = [s for s in survivors if s.dp == top]
+    return survivors[0] if len(survivors) == 1 else None
+
+
+def _consistent(lay: Layout, rank: int, comms: list[ObservedComm]) -> bool:
+    c = lay.coords(rank)
+    stride = lay.tp * lay.cp * lay.dp
+    options: list[set[str]] = []  # which axes each communicator could be
+    for oc in comms:
+        if oc.nranks <= 1:
+            continue
+        if oc.nranks == lay.world_size:
+            if oc.comm_rank != rank:
+                return False
+            opts = {k for k in ("tp", "dp") if getattr(lay, k) == lay.world_size and oc.collective}
+            if oc.peers:
+                # Send/Recv over the world communicator: peers must be pipeline neighbours
+                if not set(oc.peers) <= {rank - stride, rank + stride}:
+                    return False
+                opts.add("pp")
+            options.append(opts)
+            continue
+        opts = set()
+        for kind in ("tp", "cp", "dp", "pp"):
+            if getattr(lay, kind) != oc.nranks or getattr(c, kind) != oc.comm_rank:
+                continue
+            if kind == "pp":
+                # pipeline groups are recognised by their Send/Recv between neighbouring stages
+                if oc.peers and set(oc.peers) <= {c.pp - 1, c.pp + 1}:
+                    opts.add(kind)
+            elif not oc.peers or oc.collective:
+                opts.add(kind)
+        if not opts:
+            return False
+        options.append(opts)
+    # Every axis the layout splits must be some communicator in use, each by a different one.
+    needed = [k for k in ("tp", "dp", "pp") if getattr(lay, k) > 1]
+    return any(all(k in options[i] for k, i in zip(needed, pick, strict=True))
+               for pick in itertools.permutations(range(len(options)), len(needed)))

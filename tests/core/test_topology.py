@@ -174,3 +174,51 @@ def test_bad_queries_raise_input_error() -> None:
         lay.ring_node_pairs((0, 0))
     with pytest.raises(InputError):
         Layout.from_mapping([1, 2])  # type: ignore[arg-type]
+
+
+def _observed(lay: Layout, rank: int, kinds: tuple[str, ...], world_p2p: bool = False):
+    from failslow.topology import ObservedComm
+    out = []
+    c = lay.coords(rank)
+    for k in kinds:
+        g = getattr(lay, f"{k}_group")(rank)
+        if len(g) > 1:
+            peers = tuple(p for p in (getattr(c, k) - 1, getattr(c, k) + 1) if 0 <= p < len(g)) if k == "pp" else ()
+            out.append(ObservedComm(len(g), g.index(rank), collective=k != "pp", peers=peers))
+    if world_p2p:
+        stride = lay.tp * lay.dp
+        peers = tuple(p for p in (rank - stride, rank + stride) if 0 <= p < lay.world_size)
+        out.append(ObservedComm(lay.world_size, rank, collective=False, peers=peers))
+    return out
+
+
+@pytest.mark.parametrize("tp,dp,pp", [(1, 2, 2), (2, 2, 1), (2, 1, 2), (2, 2, 2), (1, 4, 2), (4, 1, 2)])
+def test_infer_layout_from_communicators(tp: int, dp: int, pp: int) -> None:
+    from failslow.topology import group_kind, infer_layout
+    lay = Layout(tp=tp, dp=dp, pp=pp)
+    for rank in range(lay.world_size):
+        obs = _observed(lay, rank, ("tp", "dp", "pp"))
+        got = infer_layout(lay.world_size, rank, obs)
+        if tp > 1 and dp == 1:
+            # one collective communicator: TP or DP cannot be told apart, the DP reading is taken
+            assert got == Layout(dp=tp, pp=pp)
+            continue
+        assert got == lay
+        kinds = [group_kind(got, rank, o) for o in obs]
+        want = [k for k in ("tp", "dp", "pp") if getattr(lay, k) > 1]
+        assert all(w in k.split("|") for k, w in zip(kinds, want, strict=True))
+    # pipeline Send/Recv on the world communicator (as the testbed's gloo p2p does)
+    obs = _observed(lay, 0, ("tp", "dp"), world_p2p=pp > 1)
+    got = infer_layout(lay.world_size, 0, obs)
+    assert got == (lay if tp == 1 or dp > 1 else Layout(dp=tp, pp=pp))
+
+
+def test_infer_layout_ambiguous_and_bad() -> None:
+    from failslow.topology import ObservedComm, infer_layout
+    # pure DP that only all-reduces over the world cannot be told from pure TP: DP is assumed
+    assert infer_layout(4, 1, [ObservedComm(4, 1)]) == Layout(dp=4)
+    assert infer_layout(1, 0, []) == Layout()
+    # a communicator no layout explains
+    assert infer_layout(4, 1, [ObservedComm(3, 0)]) is None
+    with pytest.raises(InputError):
+        infer_layout(4, 4, [])
