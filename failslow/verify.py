@@ -1,0 +1,283 @@
+"""BOCD with verification (BOCD+V, FALCON's detector) and plain BOCD, as batch detectors.
+
+What it is for: turning BOCD's run-length posterior into change points a human should hear about.
+
+* **Plain BOCD** (the baseline FALCON compares against) reports a change whenever the MAP run length
+  restarts at a sample later than the last reported one. It is fast to react and fooled by every spike.
+* **BOCD+V** treats a restart only as a *candidate* regime start ``c``. Once at least ``n_min`` samples
+  of the new regime exist it compares robust levels: the median of up to ``before`` samples preceding
+  ``c`` (never crossing the last confirmed change) against the median of the samples since ``c``.
+  The change is confirmed when the levels differ by at least ``threshold`` of the level before (10 % by
+  default, as in FALCON) *and* by ``z`` standard errors (the spread is the MAD of the samples before), so a
+  noisy series waits for a few more samples instead of paging on jitter. A candidate is re-examined as
+  samples arrive, up to ``n_max`` samples after it, then dropped.
+
+Why this survives real jobs: a checkpoint or evaluation spike every N iterations makes BOCD restart, but
+a median over at least ``n_min`` samples ignores a lone spike; missing samples are NaN in the history and
+ignored by the medians; warm-up shows up as a downward change (a speed-up), which never opens a fail-slow
+event; slow drift never moves the median of the next few samples 10 % away from that of the previous
+ones.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from failslow.bocd import BOCD, BOCDConfig
+from failslow.detect import BatchVerdict, EventTracker
+from failslow.errors import InputError
+
+FloatArray = NDArray[np.float64]
+IntArray = NDArray[np.int64]
+
+
+@dataclass(frozen=True)
+class VerifyConfig:
+    """Parameters of the verification step.
+
+    Attributes:
+        threshold: Minimum relative change of the level (0.10 = 10 %) to confirm a change point.
+        z: Minimum change in standard errors of the difference of the two levels.
+        n_min: Samples of the new regime needed before a candidate is examined (5: a median of five ignores two outliers).
+        n_max: Samples after which an unconfirmed candidate is dropped.
+        before: Samples before the candidate used for the level before.
+        min_before: Fewer samples than this since the last confirmed change: not a candidate.
+    """
+
+    threshold: float = 0.10
+    z: float = 5.0
+    n_min: int = 5
+    n_max: int = 16
+    before: int = 32
+    min_before: int = 5
+
+    def __post_init__(self) -> None:
+        if self.threshold < 0.0:
+            raise InputError(f"threshold must be non-negative, got {self.threshold}")
+        if self.z < 0:
+            raise InputError("z must be non-negative")
+        if not 1 <= self.n_min <= self.n_max:
+            raise InputError("need 1 <= n_min <= n_max")
+        if self.before < 2 or self.min_before < 1:
+            raise InputError("before must be >= 2 and min_before >= 1")
+
+    @property
+    def history(self) -> int:
+        """Samples of history each series keeps."""
+        return self.before + self.n_max + 1
+
+
+class History:
+    """The last ``width`` raw samples of each series (NaN = missing), in a ring indexed by global time."""
+
+    def __init__(self, n_series: int, width: int) -> None:
+        self.width = width
+        self.buf = np.full((n_series, width), np.nan)
+
+    def grow(self, n_series: int) -> None:
+        """Append fresh series."""
+        extra = n_series - self.buf.shape[0]
+        if extra > 0:
+            self.buf = np.vstack([self.buf, np.full((extra, self.width), np.nan)])
+
+    def push(self, t: int, x: FloatArray) -> None:
+        """Store the samples of time ``t``."""
+        self.buf[:, t % self.width] = x
+
+    def window(self, t: int, rows: IntArray, lo: IntArray, hi: IntArray, width: int) -> FloatArray:
+        """Samples ``[max(lo, hi - width), hi)`` of each row, right-aligned, NaN-padded to ``width``."""
+        idx = hi[:, None] - width + np.arange(width)[None, :]
+        valid = (idx >= lo[:, None]) & (idx <= t) & (idx > t - self.width) & (idx >= 0)
+        vals = self.buf[rows[:, None], idx % self.width]
+        return np.where(valid, vals, np.nan)
+
+
+def _nanmedian_rows(a: FloatArray) -> FloatArray:
+    """Row medians ignoring NaN (NaN for an all-NaN row) without nanmedian's warnings."""
+    out = np.full(a.shape[0], np.nan)
+    if a.shape[0] == 0:
+        return out
+    n = np.sum(~np.isnan(a), axis=1)
+    s = np.sort(a, axis=1)  # NaN sort last
+    ok = n > 0
+    r = np.flatnonzero(ok)
+    lo = s[r, (n[r] - 1) // 2]
+    hi = s[r, n[r] // 2]
+    out[r] = 0.5 * (lo + hi)
+    return out
+
+
+@dataclass
+class _BOCDBase:
+    n_series: int
+    bocd: BOCDConfig = field(default_factory=BOCDConfig)
+    verify: VerifyConfig = field(default_factory=VerifyConfig)
+
+    def __post_init__(self) -> None:
+        self._model = BOCD(self.n_series, self.bocd)
+        self._hist = History(self.n_series, self.verify.history)
+        self._tracker = EventTracker(self.n_series, self._event_threshold())
+        self._start = np.zeros(self.n_series, dtype=np.int64)  # first index of the current regime
+        self.t = -1
+
+    def _event_threshold(self) -> float:
+        return self.verify.threshold
+
+    def grow(self, n_series: int) -> None:
+        """Append fresh series (they start their first regime at the next sample)."""
+        if n_series <= self.n_series:
+            return
+        extra = n_series - self.n_series
+        self._model.grow(n_series)
+        self._hist.grow(n_series)
+        self._tracker.grow(n_series)
+        self._start = np.concatenate([self._start, np.full(extra, self.t + 1, dtype=np.int64)])
+        self.n_series = n_series
+
+    def state_dict(self) -> dict[str, Any]:
+        """Model, history, regime starts and event state."""
+        st: dict[str, Any] = {f"bocd.{k}": v for k, v in self._model.state_dict().items()}
+        st.update({f"events.{k}": v for k, v in self._tracker.state_dict().items()})
+        st["hist"] = self._hist.buf
+        st["start"] = self._start
+        st["t"] = np.int64(self.t)
+        return st
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`."""
+        self._model.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("bocd.")})
+        self._tracker.load_state_dict({k[7:]: v for k, v in state.items() if k.startswith("events.")})
+        hist = np.array(state["hist"], dtype=np.float64)
+        if hist.shape != self._hist.buf.shape:
+            raise InputError(f"history has shape {hist.shape}, expected {self._hist.buf.shape}")
+        self._hist.buf = hist
+        self._start = np.array(state["start"], dtype=np.int64)
+        self.t = int(state["t"])
+
+    def _levels(self, rows: IntArray, c: IntArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray,
+                                                              FloatArray]:
+        """Medians before/after candidate starts ``c``, their sample counts and the spread before."""
+        v = self.verify
+        t = self.t
+        before = self._hist.window(t, rows, self._start[rows], c, v.before)
+        after = self._hist.window(t, rows, c, np.full(rows.shape[0], t + 1, dtype=np.int64), v.n_max)
+        mb = _nanmedian_rows(before)
+        ma = _nanmedian_rows(after)
+        nb = np.sum(~np.isnan(before), axis=1).astype(np.float64)
+        na = np.sum(~np.isnan(after), axis=1).astype(np.float64)
+        mad = _nanmedian_rows(np.abs(before - mb[:, None]))
+        return mb, ma, nb, na, mad
+
+    def _verdict(self, changed: NDArray[np.bool_], index: IntArray, prob: FloatArray, lb: FloatArray,
+                 la: FloatArray) -> BatchVerdict:
+        opened, recovered = self._tracker.observe(changed, index, lb, la)
+        return BatchVerdict(t=self.t, changed=changed, index=index, probability=prob, level_before=lb,
+                            level_after=la, failslow=self._tracker.open.copy(), opened=opened,
+                            recovered=recovered, onset=self._tracker.onset.copy(),
+                            slowdown=self._tracker.slowdown())
+
+    def _step(self, x: NDArray[np.floating[Any]]) -> tuple[FloatArray, IntArray, FloatArray]:
+        xv = np.asarray(x, dtype=np.float64).reshape(-1)
+        if xv.shape[0] != self.n_series:
+            raise InputError(f"expected {self.n_series} samples, got {xv.shape[0]}")
+        step = self._model.update(xv)
+        self.t += 1
+        self._hist.push(self.t, xv)
+        return xv, step.run_length, step.probability
+
+
+@dataclass
+class VerifiedBOCD(_BOCDBase):
+    """BOCD+V: BOCD candidates confirmed by a robust ≥ threshold level change (see module docstring)."""
+
+    def update(self, x: NDArray[np.floating[Any]]) -> BatchVerdict:
+        """Consume one sample per series (NaN = missing)."""
+        _, run, prob = self._step(x)
+        v, s = self.verify, self.n_series
+        t = self.t
+        c = t - run
+        n_after = run + 1
+        cand = ((n_after >= v.n_min) & (n_after <= v.n_max) & (run < self.bocd.max_run - 1)
+                & (c - self._start >= v.min_before))
+        changed = np.zeros(s, dtype=bool)
+        index = np.full(s, -1, dtype=np.int64)
+        p = np.full(s, np.nan)
+        lb = np.full(s, np.nan)
+        la = np.full(s, np.nan)
+        if cand.any():
+            rows = np.flatnonzero(cand)
+            mb, ma, nb, na, mad = self._levels(rows, c[rows])
+            sigma = np.maximum(1.4826 * mad, self.bocd.scale_floor * np.abs(mb))
+            diff = np.abs(ma - mb)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                se = sigma * np.sqrt(1.0 / np.maximum(na, 1.0) + 1.0 / np.maximum(nb, 1.0))
+                ok = ((na >= v.n_min) & (nb >= v.min_before) & (diff >= v.threshold * np.abs(mb))
+                      & (diff >= v.z * se) & (diff > 0))
+            hit = rows[ok]
+            changed[hit] = True
+            index[hit] = c[hit]
+            p[hit] = prob[hit]
+            lb[hit] = mb[ok]
+            la[hit] = ma[ok]
+            self._start[hit] = c[hit]
+        return self._verdict(changed, index, p, lb, la)
+
+
+@dataclass
+class PlainBOCD(_BOCDBase):
+    """Plain BOCD: every restart of the MAP run length at a new sample is a change (FALCON's baseline)."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._last = np.zeros(self.n_series, dtype=np.int64)
+
+    def _event_threshold(self) -> float:
+        # Without verification any rise is a slowdown alarm; that is what makes this a baseline.
+        return 0.0
+
+    def grow(self, n_series: int) -> None:
+        """Append fresh series."""
+        extra = n_series - self.n_series
+        super().grow(n_series)
+        if extra > 0:
+            self._last = np.concatenate([self._last, np.full(extra, self.t + 1, dtype=np.int64)])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Base state plus the last reported regime start."""
+        st = super().state_dict()
+        st["last"] = self._last
+        return st
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`."""
+        super().load_state_dict(state)
+        self._last = np.array(state["last"], dtype=np.int64)
+
+    def update(self, x: NDArray[np.floating[Any]]) -> BatchVerdict:
+        """Consume one sample per series (NaN = missing)."""
+        xv, run, prob = self._step(x)
+        s, t = self.n_series, self.t
+        c = t - run
+        new = (c > self._last) & (run < self.bocd.max_run - 1) & ~np.isnan(xv)
+        changed = np.zeros(s, dtype=bool)
+        index = np.full(s, -1, dtype=np.int64)
+        p = np.full(s, np.nan)
+        lb = np.full(s, np.nan)
+        la = np.full(s, np.nan)
+        if new.any():
+            rows = np.flatnonzero(new)
+            mb, ma, _, _, _ = self._levels(rows, c[rows])
+            ok = ~np.isnan(mb) & ~np.isnan(ma)
+            hit = rows[ok]
+            changed[hit] = True
+            index[hit] = c[hit]
+            p[hit] = prob[hit]
+            lb[hit] = mb[ok]
+            la[hit] = ma[ok]
+            self._last[rows] = c[rows]
+            self._start[hit] = c[hit]
+        return self._verdict(changed, index, p, lb, la)

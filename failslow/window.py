@@ -1,0 +1,114 @@
+"""Sliding-window median baseline: the simple detector FALCON compares BOCD+V against.
+
+What it is for: a reference point in the evaluation table. Each step compares the median of the last
+``width`` samples with the median of the ``width`` samples before them; a relative difference of at least
+``threshold`` (10 %) is a change whose first sample is estimated at ``t - width // 2`` (the median flips
+once half of the recent window belongs to the new regime) and the new level is the median of the newest
+``width // 2`` samples. After a report the detector waits until the
+older window holds only samples after the change, so one step is not reported twice.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from failslow.detect import BatchVerdict, EventTracker
+from failslow.errors import InputError
+
+
+@dataclass
+class WindowMedian:
+    """Median of the last ``width`` samples against the ``width`` before, per series, vectorised.
+
+    Args:
+        n_series: Number of series updated in lock step.
+        width: Samples per window.
+        threshold: Relative level change that counts as a change point.
+    """
+
+    n_series: int
+    width: int = 10
+    threshold: float = 0.10
+
+    def __post_init__(self) -> None:
+        if self.n_series < 1:
+            raise InputError("n_series must be positive")
+        if self.width < 2:
+            raise InputError(f"width must be at least 2, got {self.width}")
+        if self.threshold <= 0:
+            raise InputError("threshold must be positive")
+        self._buf = np.full((self.n_series, 2 * self.width), np.nan)
+        self._armed_at = np.full(self.n_series, 2 * self.width - 1, dtype=np.int64)
+        self._tracker = EventTracker(self.n_series, self.threshold)
+        self.t = -1
+
+    def grow(self, n_series: int) -> None:
+        """Append fresh series."""
+        extra = n_series - self.n_series
+        if extra <= 0:
+            return
+        self._buf = np.vstack([self._buf, np.full((extra, 2 * self.width), np.nan)])
+        self._armed_at = np.concatenate(
+            [self._armed_at, np.full(extra, self.t + 2 * self.width, dtype=np.int64)])
+        self._tracker.grow(n_series)
+        self.n_series = n_series
+
+    def state_dict(self) -> dict[str, Any]:
+        """Buffers, re-arm times and event state."""
+        st: dict[str, Any] = {f"events.{k}": v for k, v in self._tracker.state_dict().items()}
+        st.update({"buf": self._buf, "armed_at": self._armed_at, "t": np.int64(self.t)})
+        return st
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`."""
+        self._buf = np.array(state["buf"], dtype=np.float64)
+        self._armed_at = np.array(state["armed_at"], dtype=np.int64)
+        self._tracker.load_state_dict({k[7:]: v for k, v in state.items() if k.startswith("events.")})
+        self.t = int(state["t"])
+
+    def update(self, x: NDArray[np.floating[Any]]) -> BatchVerdict:
+        """Consume one sample per series (NaN = missing)."""
+        xv = np.asarray(x, dtype=np.float64).reshape(-1)
+        if xv.shape[0] != self.n_series:
+            raise InputError(f"expected {self.n_series} samples, got {xv.shape[0]}")
+        w, s = self.width, self.n_series
+        self.t += 1
+        t = self.t
+        self._buf[:, t % (2 * w)] = xv
+        changed = np.zeros(s, dtype=bool)
+        index = np.full(s, -1, dtype=np.int64)
+        lb = np.full(s, np.nan)
+        la = np.full(s, np.nan)
+        due = self._armed_at <= t
+        if due.any():
+            rows = np.flatnonzero(due)
+            cols_new = (t - w + 1 + np.arange(w)) % (2 * w)
+            cols_old = (t - 2 * w + 1 + np.arange(w)) % (2 * w)
+            new = self._buf[np.ix_(rows, cols_new)]
+            old = self._buf[np.ix_(rows, cols_old)]
+            if np.isnan(new).any() or np.isnan(old).any():
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows give NaN, handled below
+                    mn, mo = np.nanmedian(new, axis=1), np.nanmedian(old, axis=1)
+            else:
+                mn, mo = np.median(new, axis=1), np.median(old, axis=1)
+            ok = np.abs(mn - mo) >= self.threshold * np.abs(mo)
+            ok &= ~np.isnan(mn) & ~np.isnan(mo) & (mn != mo)
+            hit = rows[ok]
+            changed[hit] = True
+            index[hit] = t - w // 2
+            lb[hit] = mo[ok]
+            # The newest half of the recent window lies after the estimated change: its median is the level.
+            la[hit] = np.nanmedian(new[ok][:, w - w // 2:], axis=1) if hit.size else mn[ok]
+            # Wait until the older window lies wholly after the reported change.
+            self._armed_at[hit] = t + w + w // 2
+        p = np.where(changed, 1.0, np.nan)
+        opened, recovered = self._tracker.observe(changed, index, lb, la)
+        return BatchVerdict(t=t, changed=changed, index=index, probability=p, level_before=lb, level_after=la,
+                            failslow=self._tracker.open.copy(), opened=opened, recovered=recovered,
+                            onset=self._tracker.onset.copy(), slowdown=self._tracker.slowdown())

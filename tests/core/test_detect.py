@@ -1,0 +1,133 @@
+"""Detectors on labelled synthetic jobs: every detector × every scenario, and the robustness cases."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from failslow.detect import METHODS, Stream, detect_matrix, detect_series, make_detector
+from failslow.errors import InputError
+from failslow.evaluate import evaluate, score_job, score_method
+from failslow.synthetic import POSITIVE, SCENARIOS, generate_job
+
+JOBS_PER_CELL = 6
+
+
+def _jobs(scenario: str, seed: int = 100) -> list:
+    return [generate_job(seed + k * 7919, scenario, n=1500) for k in range(JOBS_PER_CELL)]
+
+
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_detector_on_every_scenario(method: str, scenario: str) -> None:
+    jobs = _jobs(scenario)
+    score = score_method(jobs, method)
+    if method in ("bocd-v", "window"):
+        # Verified detectors: every job judged right, fail-slows caught within a few iterations.
+        assert [j.correct for j in score.jobs] == [True] * JOBS_PER_CELL, score.jobs
+        if scenario in POSITIVE:
+            assert all(d is not None and 0 <= d <= 10 for d in (j.delay for j in score.jobs))
+    else:
+        # Plain BOCD alarms on every job, faulty or not: jitter and spikes look like changes to it,
+        # which is exactly why FALCON adds verification.
+        assert all(j.alarmed for j in score.jobs)
+        if scenario not in POSITIVE:
+            assert score.fpr == 1.0
+
+
+def test_bocd_v_localises_onset_and_recovery() -> None:
+    rng = np.random.default_rng(11)
+    x = np.r_[rng.normal(2.0, 0.03, 300), rng.normal(3.0, 0.03, 200), rng.normal(2.0, 0.03, 150)]
+    res = detect_series(x, "bocd-v")
+    assert [c.index for c in res.change_points] == [300, 500]
+    assert res.events == [(300, 304, 500)]
+    up, down = res.change_points
+    assert up.ratio == pytest.approx(1.5, rel=0.03)
+    assert down.ratio == pytest.approx(2 / 3, rel=0.03)
+    assert 0.5 < up.probability <= 1.0
+
+
+def test_periodic_spikes_warmup_missing_and_drift_do_not_alarm() -> None:
+    rng = np.random.default_rng(12)
+    n = 2000
+    x = 1.5 * (1 + 0.01 * rng.standard_t(3, n)) * (1 + np.linspace(0, 0.08, n))
+    x[:20] *= 1 + 2.0 * np.exp(-np.arange(20) / 6)  # warm-up
+    x[7::100] *= 3.5  # checkpoint every 100 iterations
+    x[rng.random(n) < 0.02] = np.nan
+    for method in ("bocd-v", "window"):
+        res = detect_series(x, method)
+        assert res.events == [], (method, res.events)
+        assert all(c.ratio < 1 for c in res.change_points), "only the warm-up speed-up may be reported"
+
+
+def test_sub_threshold_change_is_not_confirmed_but_threshold_is_configurable() -> None:
+    rng = np.random.default_rng(13)
+    x = np.r_[rng.normal(1.0, 0.005, 300), rng.normal(1.06, 0.005, 300)]
+    assert detect_series(x, "bocd-v").change_points == []
+    from failslow.verify import VerifyConfig
+    res = detect_series(x, "bocd-v", verify=VerifyConfig(threshold=0.05))
+    assert [c.index for c in res.change_points] == [300]
+
+
+def test_stream_protocol_matches_batch() -> None:
+    job = generate_job(5, "compute", n=800)
+    s = Stream(make_detector("bocd-v", 1))
+    verdicts = [s.update(float(v)) for v in job.values]
+    opened = [v for v in verdicts if v.opened]
+    batch = detect_series(job.values, "bocd-v")
+    assert [(v.onset, v.t) for v in opened] == [(a, b) for a, b, _ in batch.events]
+    assert all(v.failslow == (v.onset >= 0) for v in verdicts)
+    assert max(v.slowdown for v in verdicts) == pytest.approx(job.events[0].severity, rel=0.05)
+
+
+def test_matrix_equals_series_by_series() -> None:
+    jobs = [generate_job(s, "comm", n=600) for s in range(3)]
+    mat = detect_matrix(np.stack([j.values for j in jobs], axis=1))
+    for j, r in zip(jobs, mat, strict=True):
+        assert r.events == detect_series(j.values).events
+
+
+def test_state_round_trip_resumes_the_same_verdicts() -> None:
+    job = generate_job(21, "compound", n=1200)
+    for method in METHODS:
+        a = make_detector(method, 1)
+        for v in job.values[:600]:
+            a.update(np.array([v]))
+        b = make_detector(method, 1)
+        b.load_state_dict({k: np.copy(v) for k, v in a.state_dict().items()})
+        for v in job.values[600:]:
+            va, vb = a.update(np.array([v])), b.update(np.array([v]))
+            assert np.array_equal(va.changed, vb.changed) and np.array_equal(va.failslow, vb.failslow)
+
+
+def test_grow_adds_series_without_disturbing_others() -> None:
+    job = generate_job(22, "compute", n=900)
+    det = make_detector("bocd-v", 1)
+    ref = detect_series(job.values, "bocd-v")
+    events = []
+    for t, v in enumerate(job.values):
+        if t == 50:
+            det.grow(3)
+        row = np.array([v]) if det.n_series == 1 else np.array([v, v, v])
+        out = det.update(row)
+        if out.opened[0]:
+            events.append((int(out.onset[0]), t))
+    assert events == [(a, b) for a, b, _ in ref.events]
+
+
+def test_evaluation_table_and_scoring() -> None:
+    jobs = [generate_job(s, sc, n=800) for s, sc in enumerate(["healthy", "compute", "sub10", "ladder"])]
+    scores = evaluate(jobs)
+    assert [s.method for s in scores] == ["bocd-v", "bocd", "window"]
+    assert scores[0].accuracy == 1.0 and scores[0].fpr == 0.0 and scores[0].fnr == 0.0
+    job = jobs[1]
+    ev = job.events[0]
+    assert score_job(job, [(ev.onset, ev.onset + 4, -1)]).delay == 4
+    assert score_job(job, [(5, 9, 20)]).spurious == 1
+    assert not score_job(job, []).detected
+
+
+@pytest.mark.parametrize("bad", [{"method": "nope"}])
+def test_unknown_method_is_input_error(bad: dict[str, str]) -> None:
+    with pytest.raises(InputError):
+        make_detector(bad["method"], 1)
