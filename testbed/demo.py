@@ -1,0 +1,3 @@
+HELP="demo"
+def add_arguments(p): pass
+def run(a): return 0

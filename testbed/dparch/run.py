@@ -1,0 +1,220 @@
+"""Orchestrates one data-parallel scaling run: namespaces, shaped links, CPU caps, processes, results.
+
+Every process (worker, server, profiler peer) runs in its own network namespace from `testbed.netns`
+(a veth into a bridge namespace), with `tc tbf` at the same rate on both ends of its link, and in its
+own cgroup v1 cpu group from `testbed.cgroup` capped at the same quota. Processes start uncapped
+(torch import and gloo rendezvous would take a minute at 0.15 CPU), report ready through a file,
+are moved into their cgroups, then get a ``go`` file and train. Everything created is torn down in
+``finally`` (and recorded in the testbed state file for `failslow testbed cleanup` if we are killed).
+
+Why the caps: this machine has 2 cores shared with other jobs; K workers plus a server at full speed
+would contend for them and compute time would grow with K for reasons that have nothing to do with
+the architecture. Capping every process at ``cpu_total / (max_workers + 1)`` (default 1.4 / 9 ≈ 0.156
+CPU) keeps the sum of all caps of the largest run below the 2 cores, with headroom for the kernel's
+network work and neighbours, and — being the same for every K — makes the single-worker profile
+valid for every K. A 10 ms CFS period (instead of 100 ms) makes the throttling fine-grained, so
+short per-layer operations are not stretched by whole-period stalls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.cgroup import CpuCgroup
+from testbed.netns import NODE_IFNAME, NetCluster, set_rate
+
+FORMAT = "failslow-dp-profile/1"
+ARCHS = ("ring", "ps-sync", "ps-async")
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RunError(RuntimeError):
+    """A scaling run could not start or a process failed (message carries its output)."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One run: architecture, worker count, link rate, CPU cap, model and lengths."""
+
+    arch: str  # ring | ps-sync | ps-async | profile
+    workers: int
+    rate: str = "200mbit"
+    cpu_cap: float = 1.4 / 9
+    cpu_period_us: int = 10_000
+    steps: int = 20
+    warmup: int = 4
+    width: int = 256
+    depth: int = 5
+    classes: int = 10
+    batch_size: int = 512
+    lr: float = 0.001
+    seed: int = 0
+    calib_rounds: int = 12
+    timeout_s: float = 300.0
+
+    def ranks(self) -> int:
+        """Processes in the run (a server for the parameter-server architectures, a peer for profiling)."""
+        if self.arch == "ring":
+            return self.workers
+        return self.workers + 1 if self.arch in ("ps-sync", "ps-async") else 2
+
+
+def rate_bytes_per_s(rate: str) -> float:
+    """A tc rate (``200mbit``) in bytes per second."""
+    from testbed.netns import parse_rate
+
+    return parse_rate(rate) / 8
+
+
+def run_job(spec: RunSpec, *, python: str | None = None) -> dict[str, Any]:
+    """Run one job for real and return its per-rank results (``{"<rank>": {...}}``) plus the spec.
+
+    Raises:
+        RunError: a process died, timed out, or a namespace/cgroup could not be set up.
+    """
+    if spec.arch not in (*ARCHS, "profile"):
+        raise RunError(f"unknown architecture {spec.arch!r}")
+    if spec.workers < 1 or (spec.arch in ("ps-sync", "ps-async") and spec.workers < 1):
+        raise RunError("need at least one worker")
+    n = spec.ranks()
+    py = python or sys.executable
+    run_dir = Path(tempfile.mkdtemp(prefix="fsl-dparch-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    cgroups: list[CpuCgroup] = []
+    logs = []
+    net = NetCluster.create(num_nodes=n)
+    try:
+        for node in range(n):
+            for netns, ifname in net.link_devices(node):
+                set_rate(netns, ifname, spec.rate)
+        init = f"tcp://{net.address(0)}:29517"
+        for rank in range(n):
+            cfg = {**asdict(spec), "rank": rank, "world_size": n, "init_method": init, "run_dir": str(run_dir)}
+            log = open(run_dir / f"log-{rank}.txt", "wb")  # noqa: SIM115 - closed in finally
+            logs.append(log)
+            procs.append(subprocess.Popen([*net.exec_prefix(rank), py, "-m", "testbed.dparch.train", json.dumps(cfg)],
+                                          stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
+                                          env={**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": NODE_IFNAME}))
+        deadline = time.monotonic() + spec.timeout_s
+        ready: dict[int, int] = {}
+        while len(ready) < n:
+            for rank in range(n):
+                f = run_dir / f"ready-{rank}"
+                if rank not in ready and f.exists() and f.read_text().strip():
+                    ready[rank] = int(f.read_text())
+            _check_alive(procs, run_dir)
+            if time.monotonic() > deadline:
+                raise RunError(f"ranks not ready after {spec.timeout_s}s: {sorted(set(range(n)) - set(ready))}")
+            time.sleep(0.05)
+        for rank, pid in sorted(ready.items()):
+            cg = CpuCgroup.create(f"dp{rank}", prefix=net.prefix)
+            cgroups.append(cg)
+            cg.set_quota(spec.cpu_cap, period_us=spec.cpu_period_us)
+            cg.add(pid)
+        (run_dir / "go").write_text("go")
+        for p in procs:
+            left = deadline - time.monotonic()
+            try:
+                p.wait(timeout=max(1.0, left))
+            except subprocess.TimeoutExpired as exc:
+                raise RunError(f"run timed out after {spec.timeout_s}s\n{_tail_logs(run_dir)}") from exc
+        _check_alive(procs, run_dir)
+        results = {}
+        for rank in range(n):
+            f = run_dir / f"result-{rank}.json"
+            if not f.exists():
+                raise RunError(f"rank {rank} wrote no result\n{_tail_logs(run_dir)}")
+            results[str(rank)] = json.loads(f.read_text())
+        return {"spec": asdict(spec), "ranks": results}
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        for log in logs:
+            log.close()
+        for cg in cgroups:
+            cg.destroy()
+        net.destroy()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _tail_logs(run_dir: Path) -> str:
+    out = []
+    for f in sorted(run_dir.glob("log-*.txt")):
+        text = f.read_text(errors="replace").strip().splitlines()[-15:]
+        out.append(f"--- {f.name}\n" + "\n".join(text))
+    return "\n".join(out)
+
+
+def _check_alive(procs: list[subprocess.Popen[bytes]], run_dir: Path) -> None:
+    for rank, p in enumerate(procs):
+        rc = p.poll()
+        if rc not in (None, 0):
+            raise RunError(f"rank {rank} exited with {rc}\n{_tail_logs(run_dir)}")
+
+
+def throughput(job: dict[str, Any]) -> float:
+    """Measured samples per second of a finished ring / ps-sync / ps-async run."""
+    spec = job["spec"]
+    k, b, warm = spec["workers"], spec["batch_size"], spec["warmup"]
+    arch = spec["arch"]
+    if arch in ("ring", "ps-sync"):
+        ends = job["ranks"]["0"]["step_end_s"]
+        if warm < 1 or len(ends) <= warm:
+            raise RunError("need warm-up steps and at least one measured step")
+        return float(k * b * (len(ends) - warm) / (ends[-1] - ends[warm - 1]))
+    if arch == "ps-async":
+        ups = job["ranks"]["0"]["updates"]
+        per: dict[int, list[float]] = {}
+        for src, t in ups:
+            per.setdefault(int(src), []).append(float(t))
+        # Same window as the simulation: every worker past its warm-up, none finished yet.
+        t0 = max(v[warm - 1] for v in per.values())
+        t1 = min(v[-1] for v in per.values())
+        count = sum(1 for _, t in ups if t0 < t <= t1)
+        if t1 <= t0 or count == 0:
+            raise RunError("async run too short to measure")
+        return float(count * b / (t1 - t0))
+    raise RunError(f"no throughput for {arch!r}")
+
+
+def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
+    """The single-worker profile (format failslow-dp-profile/1) from a finished ``profile`` run."""
+    spec = job["spec"]
+    r = job["ranks"]["0"]
+    fwd, bwd = r["forward_s"], r["backward_s"]
+    n = len(r["param_bytes"])
+    layers = [{"name": f"{i}:{r['names'][i]}", "param_bytes": r["param_bytes"][i],
+               "forward_s": statistics.fmean(s[i] for s in fwd), "backward_s": statistics.fmean(s[i] for s in bwd)}
+              for i in range(n)]
+    rtt_small = statistics.median(r["rtt_small_s"])
+    rtt_big = statistics.median(r["rtt_big_s"])
+    nominal = rate_bytes_per_s(spec["rate"])
+    transfer = max(1e-9, rtt_big - rtt_small)  # the big message's extra time is pure payload
+    efficiency = min(1.5, r["big_bytes"] / transfer / nominal)
+    return {
+        "format": FORMAT,
+        "batch_size": spec["batch_size"],
+        "layers": layers,
+        "steps": {"forward_s": fwd, "backward_s": bwd},
+        "update_s": statistics.fmean(r["update_s"]),
+        "accumulate_s": statistics.fmean(r["accumulate_s"]),
+        "link": {"bandwidth_bytes_per_s": nominal, "efficiency": efficiency, "latency_s": rtt_small / 2},
+        "overlap": False,
+        "meta": {"source": "failslow testbed dp-scaling --profile", "rate": spec["rate"],
+                 "cpu_cap": spec["cpu_cap"], "cpu_period_us": spec["cpu_period_us"],
+                 "model": {"width": spec["width"], "depth": spec["depth"], "classes": spec["classes"]},
+                 "rtt_small_s": rtt_small, "rtt_big_s": rtt_big, "big_bytes": r["big_bytes"],
+                 "step_total_s": statistics.fmean(sum(a) + sum(b) for a, b in zip(fwd, bwd, strict=True))},
+    }

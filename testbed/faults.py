@@ -1,0 +1,477 @@
+"""Fault injection: parse a spec string into a :class:`Fault`, then ``start()`` / ``stop()`` it.
+
+Spec grammar: ``KIND:key=value,key=value,...``. Kinds and keys:
+
+=========  ====================================  =======================================================
+kind       keys                                  effect
+=========  ====================================  =======================================================
+link       node, rate                            ``tc qdisc tbf`` at `rate` on both ends of the node's veth
+cpu        rank, quota                           cgroup v1 CPU quota (in CPUs) on the rank's process
+gc         rank, every, pause                    every `every` iterations the rank stops `pause` seconds
+                                                 after a full ``gc.collect()``
+seqlen     dp, factor                            DP replica `dp` trains on sequences `factor` × longer
+stage      pp, factor | layers                   pipeline stage `pp` computes `factor` × as long (or as
+                                                 if it had `layers` more layers, e.g. ``layers=+2``)
+poisson    mean_gap, mean_dur, kinds,            a random schedule: exponential gaps and durations,
+           [quota, rate, seed]                   each episode a cpu (random rank) or link (random node)
+=========  ====================================  =======================================================
+
+Every kind also takes a schedule: ``at=SECONDS`` / ``for=SECONDS`` (from job start) or
+``start_iter=N`` / ``stop_iter=N`` (by the slowest rank's completed iterations). Without a schedule
+the fault is active for the whole run.
+
+A fault acts through a :class:`FaultTarget` (the running testbed, or any other harness such as the
+DP-scaling testbed) that knows the link devices of a node, the process of a rank and how to tell the
+trainers about in-process faults. Each activation is recorded as an episode with wall-clock
+start/end, which the testbed writes to the report.
+
+Example::
+
+    fault = parse_spec("link:node=1,rate=20mbit")
+    fault.bind(testbed)          # anything implementing FaultTarget
+    fault.start(); ...; fault.stop()
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol
+
+from failslow.errors import InputError
+from testbed.cgroup import CpuCgroup
+from testbed.netns import clear_rate, parse_rate, set_rate
+
+
+class FaultTarget(Protocol):
+    """What faults need from the environment they act on."""
+
+    num_nodes: int
+    world_size: int
+
+    def link_devices(self, node: int) -> list[tuple[str, str]]:
+        """(namespace, interface) pairs to shape for `node` (both directions); [] when links are unavailable."""
+        ...
+
+    def rank_pids(self, rank: int) -> list[int]:
+        """Process ids of `rank`."""
+        ...
+
+    def cgroup_prefix(self) -> str:
+        """Prefix for cgroups this target's faults create."""
+        ...
+
+    def set_trainer_fault(self, fault_id: str, payload: dict[str, Any] | None) -> None:
+        """Activate (payload) or clear (None) an in-trainer fault on every rank."""
+        ...
+
+    def layout_sizes(self) -> dict[str, int]:
+        """Parallel sizes ``{"dp":…, "pp":…, "tp":…}`` used to validate targets."""
+        ...
+
+
+@dataclass
+class Schedule:
+    """When a fault is active: by wall time since job start or by completed iterations."""
+
+    at_s: float | None = None
+    for_s: float | None = None
+    start_iter: int | None = None
+    stop_iter: int | None = None
+
+    @property
+    def timed(self) -> bool:
+        """Whether the fault has any schedule (else it is on for the whole run)."""
+        return any(v is not None for v in (self.at_s, self.for_s, self.start_iter, self.stop_iter))
+
+    def should_be_active(self, elapsed_s: float, iteration: int) -> bool:
+        """Whether the fault should be on at `elapsed_s` seconds / `iteration` completed iterations."""
+        on = True
+        if self.at_s is not None:
+            on = on and elapsed_s >= self.at_s
+        if self.for_s is not None:
+            on = on and elapsed_s < (self.at_s or 0.0) + self.for_s
+        if self.start_iter is not None:
+            on = on and iteration >= self.start_iter
+        if self.stop_iter is not None:
+            on = on and iteration < self.stop_iter
+        return on
+
+
+_SCHEDULE_KEYS = {"at", "for", "start_iter", "stop_iter"}
+
+
+@dataclass
+class Fault:
+    """Base class of all faults: parsed spec, binding to a target, and the log of episodes."""
+
+    spec: str
+    schedule: Schedule = field(default_factory=Schedule)
+    kind: ClassVar[str] = ""
+    episodes: list[dict[str, Any]] = field(default_factory=list, init=False)
+    target_env: FaultTarget | None = field(default=None, init=False, repr=False)
+    active: bool = field(default=False, init=False)
+
+    def bind(self, target: FaultTarget) -> Fault:
+        """Attach the environment the fault acts on; validates the fault's target against it."""
+        self.validate(target)
+        self.target_env = target
+        return self
+
+    def _env(self) -> FaultTarget:
+        if self.target_env is None:
+            raise RuntimeError(f"fault {self.spec!r} is not bound to a target (call bind())")
+        return self.target_env
+
+    @property
+    def target(self) -> str:
+        """Human-readable target, e.g. ``node=1`` or ``rank=3``."""
+        return ""
+
+    def validate(self, target: FaultTarget) -> None:
+        """Raise InputError when the fault's target does not exist in `target`."""
+
+    def _apply(self) -> None:
+        raise NotImplementedError
+
+    def _remove(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        """Activate the fault now (idempotent) and open an episode."""
+        if self.active:
+            return
+        self._apply()
+        self.active = True
+        self.episodes.append({"spec": self.spec, "kind": self.kind, "target": self.target,
+                              "start_unix_s": time.time(), "end_unix_s": None})
+
+    def stop(self) -> None:
+        """Deactivate the fault now (idempotent) and close the episode."""
+        if not self.active:
+            return
+        try:
+            self._remove()
+        finally:
+            self.active = False
+            self.episodes[-1]["end_unix_s"] = time.time()
+
+    def log(self) -> list[dict[str, Any]]:
+        """Episodes with wall-clock start/end (end None while still active)."""
+        return [dict(e) for e in self.episodes]
+
+
+def _range_check(name: str, value: int, size: int, what: str) -> None:
+    if not 0 <= value < size:
+        raise InputError(f"{name}={value} is out of range: the job has {size} {what}")
+
+
+@dataclass
+class LinkFault(Fault):
+    """Bandwidth cap on a node's link, both directions (tc tbf on both veth ends)."""
+
+    node: int = 0
+    rate: str = "20mbit"
+    kind: ClassVar[str] = "link"
+    _devices: list[tuple[str, str]] = field(default_factory=list, init=False, repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"node={self.node}"
+
+    def validate(self, target: FaultTarget) -> None:
+        _range_check("node", self.node, target.num_nodes, "nodes")
+        if not target.link_devices(self.node):
+            raise InputError("link faults are unavailable: the testbed runs on loopback (no root, no namespaces)")
+
+    def _apply(self) -> None:
+        devices = self._env().link_devices(self.node)
+        if not devices:
+            raise InputError("link faults are unavailable: the testbed runs on loopback (no root, no namespaces)")
+        for ns, dev in devices:
+            set_rate(ns, dev, self.rate)
+        self._devices = devices
+
+    def _remove(self) -> None:
+        for ns, dev in self._devices:
+            clear_rate(ns, dev)
+
+
+@dataclass
+class CpuFault(Fault):
+    """CPU quota (in CPUs) on one rank's process via a cgroup v1 cpu cgroup."""
+
+    rank: int = 0
+    quota: float = 0.3
+    kind: ClassVar[str] = "cpu"
+    _cg: CpuCgroup | None = field(default=None, init=False, repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"rank={self.rank}"
+
+    def validate(self, target: FaultTarget) -> None:
+        _range_check("rank", self.rank, target.world_size, "ranks")
+
+    def _apply(self) -> None:
+        env = self._env()
+        cg = CpuCgroup.create(f"r{self.rank}-{len(self.episodes)}", prefix=env.cgroup_prefix())
+        try:
+            for pid in env.rank_pids(self.rank):
+                cg.add(pid)
+            cg.set_quota(self.quota)
+        except BaseException:
+            cg.destroy()
+            raise
+        self._cg = cg
+
+    def _remove(self) -> None:
+        if self._cg is not None:
+            self._cg.destroy()
+            self._cg = None
+
+
+@dataclass
+class _TrainerFault(Fault):
+    """A fault the trainers apply themselves, switched through the control channel."""
+
+    def payload(self) -> dict[str, Any]:
+        raise NotImplementedError
+
+    def _id(self) -> str:
+        return f"{self.kind}@{id(self):x}"
+
+    def _apply(self) -> None:
+        self._env().set_trainer_fault(self._id(), {"kind": self.kind, **self.payload()})
+
+    def _remove(self) -> None:
+        self._env().set_trainer_fault(self._id(), None)
+
+
+@dataclass
+class GcFault(_TrainerFault):
+    """Stop-the-world pauses on one rank: every `every` iterations, gc.collect() then `pause` seconds."""
+
+    rank: int = 0
+    every: int = 5
+    pause: float = 0.2
+    kind: ClassVar[str] = "gc"
+
+    @property
+    def target(self) -> str:
+        return f"rank={self.rank}"
+
+    def validate(self, target: FaultTarget) -> None:
+        _range_check("rank", self.rank, target.world_size, "ranks")
+
+    def payload(self) -> dict[str, Any]:
+        return {"rank": self.rank, "every": self.every, "pause": self.pause}
+
+
+@dataclass
+class SeqlenFault(_TrainerFault):
+    """Sequence-length imbalance: DP replica `dp` gets sequences `factor` × as long."""
+
+    dp: int = 0
+    factor: float = 1.5
+    kind: ClassVar[str] = "seqlen"
+
+    @property
+    def target(self) -> str:
+        return f"dp={self.dp}"
+
+    def validate(self, target: FaultTarget) -> None:
+        _range_check("dp", self.dp, target.layout_sizes()["dp"], "DP replicas")
+
+    def payload(self) -> dict[str, Any]:
+        return {"dp": self.dp, "factor": self.factor}
+
+
+@dataclass
+class StageFault(_TrainerFault):
+    """Pipeline-stage imbalance: stage `pp` computes `factor` × as long, or as if it had `layers` more."""
+
+    pp: int = 0
+    factor: float | None = None
+    layers: int | None = None
+    kind: ClassVar[str] = "stage"
+
+    @property
+    def target(self) -> str:
+        return f"pp={self.pp}"
+
+    def validate(self, target: FaultTarget) -> None:
+        _range_check("pp", self.pp, target.layout_sizes()["pp"], "pipeline stages")
+
+    def payload(self) -> dict[str, Any]:
+        return {"pp": self.pp, "factor": self.factor, "layers": self.layers}
+
+
+@dataclass
+class PoissonFault(Fault):
+    """Random fault episodes: gaps ~ Exp(mean_gap), durations ~ Exp(mean_dur), kind drawn from `kinds`."""
+
+    mean_gap: float = 30.0
+    mean_dur: float = 10.0
+    kinds: tuple[str, ...] = ("cpu", "link")
+    quota: float = 0.3
+    rate: str = "20mbit"
+    seed: int = 0
+    kind: ClassVar[str] = "poisson"
+    children: list[Fault] = field(default_factory=list, init=False, repr=False)
+    _stop_evt: threading.Event = field(default_factory=threading.Event, init=False, repr=False)
+    _thread: threading.Thread | None = field(default=None, init=False, repr=False)
+
+    @property
+    def target(self) -> str:
+        return "random"
+
+    def validate(self, target: FaultTarget) -> None:
+        if "link" in self.kinds and not target.link_devices(0):
+            raise InputError("poisson with kinds=link needs link faults, unavailable on loopback")
+
+    def _loop(self) -> None:
+        rng = random.Random(self.seed)
+        env = self._env()
+        while not self._stop_evt.wait(rng.expovariate(1.0 / self.mean_gap)):
+            kind = rng.choice(self.kinds)
+            child: Fault
+            if kind == "cpu":
+                rank = rng.randrange(env.world_size)
+                child = CpuFault(spec=f"cpu:rank={rank},quota={self.quota}", rank=rank, quota=self.quota)
+            else:
+                node = rng.randrange(env.num_nodes)
+                child = LinkFault(spec=f"link:node={node},rate={self.rate}", node=node, rate=self.rate)
+            child.bind(env)
+            self.children.append(child)
+            child.start()
+            self._stop_evt.wait(rng.expovariate(1.0 / self.mean_dur))
+            child.stop()
+
+    def _apply(self) -> None:
+        self._stop_evt.clear()
+        self._thread = threading.Thread(target=self._loop, name="poisson-faults", daemon=True)
+        self._thread.start()
+
+    def _remove(self) -> None:
+        self._stop_evt.set()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+        for child in self.children:
+            child.stop()
+
+    def log(self) -> list[dict[str, Any]]:
+        """The child episodes (each a cpu or link fault), tagged with the poisson spec."""
+        out = []
+        for child in self.children:
+            for e in child.log():
+                out.append({**e, "parent": self.spec})
+        return out
+
+
+def _num(key: str, raw: str, kind: type, spec: str) -> Any:
+    try:
+        return kind(raw)
+    except ValueError:
+        raise InputError(f"bad value {key}={raw!r} in fault spec {spec!r}") from None
+
+
+_KINDS: dict[str, tuple[type[Fault], set[str], set[str]]] = {
+    # kind: (class, required keys, optional keys)
+    "link": (LinkFault, {"node", "rate"}, set()),
+    "cpu": (CpuFault, {"rank", "quota"}, set()),
+    "gc": (GcFault, {"rank"}, {"every", "pause"}),
+    "seqlen": (SeqlenFault, {"dp", "factor"}, set()),
+    "stage": (StageFault, {"pp"}, {"factor", "layers"}),
+    "poisson": (PoissonFault, {"mean_gap", "mean_dur"}, {"kinds", "quota", "rate", "seed"}),
+}
+
+
+def parse_spec(spec: str) -> Fault:
+    """Parse a fault spec such as ``cpu:rank=3,quota=0.3,at=10,for=20`` (see module doc).
+
+    Raises:
+        InputError: unknown kind or key, missing key, or a value out of range.
+    """
+    kind, sep, rest = spec.strip().partition(":")
+    if kind not in _KINDS:
+        raise InputError(f"unknown fault kind {kind!r} in spec {spec!r}; known kinds: {', '.join(_KINDS)}")
+    if not sep or not rest.strip():
+        raise InputError(f"fault spec {spec!r} has no parameters (want {kind}:key=value,...)")
+    cls, required, optional = _KINDS[kind]
+    kv: dict[str, str] = {}
+    for item in rest.split(","):
+        key, eq, value = item.partition("=")
+        key = key.strip()
+        if not eq or not key or not value.strip():
+            raise InputError(f"bad item {item!r} in fault spec {spec!r} (want key=value)")
+        if key not in required | optional | _SCHEDULE_KEYS:
+            allowed = ", ".join(sorted(required | optional | _SCHEDULE_KEYS))
+            raise InputError(f"unknown key {key!r} in fault spec {spec!r}; allowed: {allowed}")
+        kv[key] = value.strip()
+    missing = required - kv.keys()
+    if missing:
+        raise InputError(f"fault spec {spec!r} lacks {', '.join(sorted(missing))}")
+    sched = Schedule(
+        at_s=_num("at", kv["at"], float, spec) if "at" in kv else None,
+        for_s=_num("for", kv["for"], float, spec) if "for" in kv else None,
+        start_iter=_num("start_iter", kv["start_iter"], int, spec) if "start_iter" in kv else None,
+        stop_iter=_num("stop_iter", kv["stop_iter"], int, spec) if "stop_iter" in kv else None,
+    )
+    for name, val in (("at", sched.at_s), ("for", sched.for_s), ("start_iter", sched.start_iter),
+                      ("stop_iter", sched.stop_iter)):
+        if val is not None and val < 0:
+            raise InputError(f"{name} must be >= 0 in fault spec {spec!r}")
+    args: dict[str, Any] = {}
+    if kind == "link":
+        args = {"node": _num("node", kv["node"], int, spec), "rate": kv["rate"]}
+        try:
+            parse_rate(kv["rate"])
+        except ValueError as exc:
+            raise InputError(f"{exc} in fault spec {spec!r}") from None
+    elif kind == "cpu":
+        args = {"rank": _num("rank", kv["rank"], int, spec), "quota": _num("quota", kv["quota"], float, spec)}
+        if not 0.01 <= args["quota"] <= 64:
+            raise InputError(f"quota must be in [0.01, 64] CPUs in fault spec {spec!r}")
+    elif kind == "gc":
+        args = {"rank": _num("rank", kv["rank"], int, spec), "every": _num("every", kv.get("every", "5"), int, spec),
+                "pause": _num("pause", kv.get("pause", "0.2"), float, spec)}
+        if args["every"] < 1 or args["pause"] < 0:
+            raise InputError(f"gc needs every >= 1 and pause >= 0 in fault spec {spec!r}")
+    elif kind == "seqlen":
+        args = {"dp": _num("dp", kv["dp"], int, spec), "factor": _num("factor", kv["factor"], float, spec)}
+        if not 0.1 <= args["factor"] <= 4.0:
+            raise InputError(f"seqlen factor must be in [0.1, 4] in fault spec {spec!r}")
+    elif kind == "stage":
+        if ("factor" in kv) == ("layers" in kv):
+            raise InputError(f"stage fault needs exactly one of factor= or layers= in spec {spec!r}")
+        args = {"pp": _num("pp", kv["pp"], int, spec)}
+        if "factor" in kv:
+            args["factor"] = _num("factor", kv["factor"], float, spec)
+            if not 1.0 <= args["factor"] <= 20.0:
+                raise InputError(f"stage factor must be in [1, 20] in fault spec {spec!r}")
+        else:
+            args["layers"] = _num("layers", kv["layers"], int, spec)
+            if args["layers"] < 1:
+                raise InputError(f"stage layers must be a positive count (e.g. +2) in fault spec {spec!r}")
+    elif kind == "poisson":
+        kinds = tuple(kv.get("kinds", "cpu|link").split("|"))
+        bad = [k for k in kinds if k not in ("cpu", "link")]
+        if bad or not kinds:
+            raise InputError(f"poisson kinds must be cpu and/or link (cpu|link), got {kv.get('kinds')!r}")
+        args = {"mean_gap": _num("mean_gap", kv["mean_gap"], float, spec),
+                "mean_dur": _num("mean_dur", kv["mean_dur"], float, spec), "kinds": kinds,
+                "quota": _num("quota", kv.get("quota", "0.3"), float, spec), "rate": kv.get("rate", "20mbit"),
+                "seed": _num("seed", kv.get("seed", "0"), int, spec)}
+        if args["mean_gap"] <= 0 or args["mean_dur"] <= 0:
+            raise InputError(f"poisson mean_gap and mean_dur must be > 0 in spec {spec!r}")
+        try:
+            parse_rate(args["rate"])
+        except ValueError as exc:
+            raise InputError(f"{exc} in fault spec {spec!r}") from None
+    for key in ("node", "rank", "dp", "pp"):
+        if key in args and args[key] < 0:
+            raise InputError(f"{key} must be >= 0 in fault spec {spec!r}")
+    return cls(spec=spec.strip(), schedule=sched, **args)

@@ -1,0 +1,539 @@
+"""The testbed launcher: namespaces, rank processes, fault schedule, control channel and the report.
+
+:class:`Testbed` runs one job. ``start()`` creates one network namespace per node (as root; loopback
+otherwise), writes the run directory (config, control file) and spawns one ``testbed.worker``
+process per rank inside its node's namespace. ``poll()`` reads the ranks' progress lines, switches
+scheduled faults on and off and checks the processes. ``wait()`` runs until the job ends and
+returns the report. ``close()`` (also on SIGTERM/SIGINT via :func:`signals_raise`) removes every
+process, qdisc, cgroup and namespace it created; everything is recorded in a state file first so
+``failslow testbed cleanup`` can finish the job after a SIGKILL.
+
+The object is also the :class:`testbed.faults.FaultTarget` faults act on and the backend of
+:class:`testbed.adapter.TestbedAdapter` (micro-batch counts, checkpoints, restart with a new placement).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from failslow.errors import InputError
+from failslow.topology import Layout
+from testbed.config import ModelConfig
+from testbed.faults import Fault, parse_spec
+from testbed.netns import NetCluster, have_root
+from testbed.state import ENV_PREFIX, StateFile, cleanup, kill_process, new_prefix
+from testbed.trace import write_trace
+
+CONTROL_LEAD_ITERS = 3  # control changes apply this many iterations after the fastest rank's last one
+
+
+class TestbedError(RuntimeError):
+    """The job failed at run time (a rank died, a timeout); the message says which and why."""
+
+
+@dataclass
+class JobConfig:
+    """Everything that defines a testbed job (see ``failslow testbed run --help``)."""
+
+    dp: int = 2
+    pp: int = 2
+    tp: int = 1
+    ranks_per_node: int | None = None
+    iterations: int = 20
+    micro_batches: int = 4
+    model: ModelConfig = field(default_factory=ModelConfig)
+    seed: int = 0
+    job: str = "testbed"
+    torch_hook: bool = False
+    ring_dir: str | None = None
+    lr: float = 2e-3
+    weight_decay: float = 0.01
+    namespaces: bool | None = None  # None: when root
+    placement: list[int] | None = None  # node of each rank; default rank // ranks_per_node
+    resume_dir: str | None = None
+    dump_grads_iter: int | None = None
+    timeout_s: float = 300.0
+
+    def layout(self) -> Layout:
+        """The parallel layout (ranks per node defaults to the TP size: one TP group per node)."""
+        return Layout(tp=self.tp, pp=self.pp, dp=self.dp, ranks_per_node=self.ranks_per_node or self.tp)
+
+    def validate(self) -> Layout:
+        """Check the job fits; return its layout.
+
+        Raises:
+            InputError: sizes that do not fit together (layers < stages, heads not divisible by TP,
+                a world size that is not a whole number of nodes, a bad placement, ...).
+        """
+        lay = self.layout()
+        m = self.model
+        if self.iterations < 1:
+            raise InputError(f"iterations must be >= 1, got {self.iterations}")
+        if self.micro_batches < 1:
+            raise InputError(f"micro-batches must be >= 1, got {self.micro_batches}")
+        if m.layers < self.pp:
+            raise InputError(f"the model has {m.layers} layers, fewer than {self.pp} pipeline stages")
+        if m.heads % self.tp or m.d_model % m.heads:
+            raise InputError(f"heads ({m.heads}) must divide d_model ({m.d_model}) and be divisible by tp ({self.tp})")
+        if (m.ffn_mult * m.d_model) % self.tp:
+            raise InputError(f"MLP width {m.ffn_mult * m.d_model} not divisible by tp={self.tp}")
+        if min(m.vocab, m.d_model, m.seq_len, m.micro_batch_size) < 1:
+            raise InputError("model sizes must be positive")
+        if lay.world_size > 64:
+            raise InputError(f"world size {lay.world_size} is too large for a testbed on this machine (max 64)")
+        if self.placement is not None:
+            if len(self.placement) != lay.world_size:
+                raise InputError(f"placement has {len(self.placement)} entries for {lay.world_size} ranks")
+            if min(self.placement) < 0 or max(self.placement) >= lay.num_nodes:
+                raise InputError(f"placement nodes must be in 0..{lay.num_nodes - 1}")
+        return lay
+
+
+def _pdeathsig() -> None:
+    # rank processes die with the launcher, even on SIGKILL (PR_SET_PDEATHSIG survives exec of `ip`)
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(1, signal.SIGKILL)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def signals_raise() -> Iterator[None]:
+    """Turn SIGTERM/SIGINT into SystemExit/KeyboardInterrupt so ``finally`` clean-ups run."""
+
+    def on_term(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGHUP)}
+    for s in old:
+        signal.signal(s, on_term)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+class Testbed:
+    """One testbed job: set-up, run, faults, control and report. Use as a context manager."""
+
+    def __init__(self, config: JobConfig, faults: Sequence[str | Fault] = (), *, run_dir: str | Path | None = None,
+                 on_iteration: Callable[[dict[str, Any]], None] | None = None, log: Callable[[str], None] | None = None):
+        self.config = config
+        self.layout = config.validate()
+        self.world_size = self.layout.world_size
+        self.num_nodes = self.layout.num_nodes
+        self.placement = list(config.placement) if config.placement else \
+            [self.layout.node_of(r) for r in range(self.world_size)]
+        self.use_ns = have_root() if config.namespaces is None else config.namespaces
+        if self.use_ns and not have_root():
+            raise InputError("network namespaces need root")
+        self.faults: list[Fault] = []
+        self.net: NetCluster | None = None
+        for f in faults:
+            fault = parse_spec(f) if isinstance(f, str) else f
+            fault.bind(self)
+            self.faults.append(fault)
+        self._own_dir = run_dir is None
+        self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="failslow-testbed-"))
+        self.prefix = new_prefix()
+        self.state = StateFile.for_owner()
+        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.on_iteration, self.log = on_iteration, log or (lambda _m: None)
+        self.records: dict[int, list[dict[str, Any]]] = {r: [] for r in range(self.world_size)}
+        self._offsets: dict[int, int] = {}
+        self._ready: dict[int, float] = {}
+        self._done: set[int] = set()
+        self._snapshots: list[dict[str, Any]] = []
+        self._segment = 0
+        self._segments: list[dict[str, Any]] = []
+        self.training_start: float | None = None
+        self.start_unix = time.time()
+        self._closed = False
+
+    # --- FaultTarget --------------------------------------------------------------------------
+
+    def link_devices(self, node: int) -> list[tuple[str, str]]:
+        """Both veth ends of `node`, or [] on loopback (link faults unavailable)."""
+        if not self.use_ns:
+            return []
+        if self.net is None:  # validation before start(): names are known in advance
+            return [("pending", "eth0")]
+        return self.net.link_devices(node)
+
+    def rank_pids(self, rank: int) -> list[int]:
+        """The process of `rank`."""
+        p = self.procs.get(rank)
+        return [p.pid] if p is not None and p.poll() is None else []
+
+    def cgroup_prefix(self) -> str:
+        """Cgroups of this job's faults share its prefix."""
+        return self.prefix
+
+    def layout_sizes(self) -> dict[str, int]:
+        """{"dp", "pp", "tp"} of the job."""
+        return {"dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp}
+
+    def set_trainer_fault(self, fault_id: str, payload: dict[str, Any] | None) -> None:
+        """Switch an in-trainer fault on (payload) or off (None) from a near-future iteration."""
+        state = self._current()
+        faults = dict(state.get("faults") or {})
+        if payload is None:
+            faults.pop(fault_id, None)
+        else:
+            faults[fault_id] = payload
+        self._push({"faults": faults})
+
+    # --- control channel ----------------------------------------------------------------------
+
+    def _current(self) -> dict[str, Any]:
+        return dict(self._snapshots[-1]) if self._snapshots else {"apply_at": 0}
+
+    def completed(self) -> int:
+        """Iterations completed by the slowest rank (in this job's numbering)."""
+        return min((recs[-1]["it"] + 1) if recs else self._start_iter for recs in self.records.values())
+
+    def _max_completed(self) -> int:
+        return max((recs[-1]["it"] + 1) if recs else self._start_iter for recs in self.records.values())
+
+    def _push(self, changes: dict[str, Any], apply_at: int | None = None) -> int:
+        """Append a control snapshot; returns the iteration from which every rank applies it."""
+        if self.procs:
+            self.poll(check=False)
+        if apply_at is None:
+            apply_at = (self._max_completed() + CONTROL_LEAD_ITERS) if self.procs else self._start_iter
+        snap = {**self._current(), **changes, "apply_at": apply_at}
+        self._snapshots.append(snap)
+        path = self.run_dir / "control.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"snapshots": self._snapshots}))
+        os.replace(tmp, path)
+        return apply_at
+
+    def set_microbatches(self, counts: Sequence[int]) -> int:
+        """Micro-batches per DP replica from a near-future iteration; returns that iteration.
+
+        The loss of each micro-batch is divided by the total count, so the global-batch gradient
+        is unchanged as long as the total stays the same.
+
+        Raises:
+            InputError: wrong length or a count < 1.
+        """
+        counts = [int(c) for c in counts]
+        if len(counts) != self.layout.dp or min(counts) < 1:
+            raise InputError(f"need {self.layout.dp} micro-batch counts >= 1, got {counts}")
+        return self._push({"microbatches": counts})
+
+    def checkpoint(self, directory: str | Path, *, stop: bool = False, timeout_s: float = 120.0) -> int:
+        """Save model and optimizer state of every (pp, tp) shard after a near-future iteration.
+
+        Returns:
+            The iteration the checkpoint resumes from.
+        """
+        directory = Path(directory)
+        after = self._max_completed() + CONTROL_LEAD_ITERS - 1
+        after = min(after, self.config.iterations - 1)
+        changes: dict[str, Any] = {"checkpoint": {"dir": str(directory), "after_iter": after}}
+        if stop:
+            changes["stop_at"] = after + 1
+        self._push(changes, apply_at=min(after, self._max_completed() + CONTROL_LEAD_ITERS))
+        need = {r for r in range(self.world_size) if self.layout.coords(r).dp == 0}
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            self.poll()
+            got = {r for r in need if any(rec.get("checkpoint") == str(directory) for rec in self.records[r])}
+            if got == need:
+                return after + 1
+            if self.finished():
+                break
+            time.sleep(0.05)
+        raise TestbedError(f"checkpoint to {directory} did not complete")
+
+    # --- life cycle ---------------------------------------------------------------------------
+
+    @property
+    def _start_iter(self) -> int:
+        return self._segments[-1]["resume_iter"] if self._segments else 0
+
+    def start(self) -> None:
+        """Create the network, write the run directory and spawn the ranks."""
+        cleanup()  # what dead testbeds left behind; live ones are untouched
+        for sub in ("progress", "trace", "logs"):
+            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        if self.use_ns:
+            self.net = NetCluster.create(self.num_nodes, prefix=self.prefix, state=self.state)
+        initial: dict[str, Any] = {"faults": {}}
+        self._snapshots = []
+        self._push(initial, apply_at=0)
+        for f in self.faults:
+            if not f.schedule.timed and f.kind in ("gc", "seqlen", "stage"):
+                f.start()
+        self._segments.append({"resume_iter": 0, "placement": list(self.placement), "start_unix": time.time()})
+        self._spawn(self.config.resume_dir)
+        for f in self.faults:
+            if not f.schedule.timed and f.kind not in ("gc", "seqlen", "stage"):
+                f.start()
+
+    def _spawn(self, resume_dir: str | None) -> None:
+        cfg = self.config
+        seg = self._segment
+        run_cfg = {
+            "layout": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp}, "model": asdict(cfg.model), "seed": cfg.seed,
+            "iterations": cfg.iterations, "micro_batches": cfg.micro_batches, "job": cfg.job,
+            "torch_hook": cfg.torch_hook, "optimizer": {"lr": cfg.lr, "weight_decay": cfg.weight_decay},
+            "resume_dir": resume_dir, "dump_grads_iter": cfg.dump_grads_iter, "timeout_s": cfg.timeout_s,
+            "segment": seg,
+        }
+        (self.run_dir / "config.json").write_text(json.dumps(run_cfg, indent=1))
+        if self.net is not None:
+            master, port, ifname = self.net.address(self.placement[0]), 29500 + seg, self.net.nodes[0].ifname
+        else:
+            master, port, ifname = "127.0.0.1", _free_port(), "lo"
+        for rank in range(self.world_size):
+            env = {**os.environ, "MASTER_ADDR": master, "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": ifname,
+                   "RANK": str(rank), "WORLD_SIZE": str(self.world_size), "OMP_NUM_THREADS": "1",
+                   "MKL_NUM_THREADS": "1", "FAILSLOW_JOB": cfg.job, ENV_PREFIX: self.prefix,
+                   "PYTHONUNBUFFERED": "1"}
+            if cfg.ring_dir:
+                env["FAILSLOW_SHM_DIR"] = cfg.ring_dir
+            argv = [sys.executable, "-m", "testbed.worker", str(self.run_dir), str(rank)]
+            if self.net is not None:
+                argv = self.net.exec_prefix(self.placement[rank]) + argv
+            logf = open(self.run_dir / "logs" / f"rank{rank}.seg{seg}.log", "wb")  # noqa: SIM115
+            try:
+                proc = subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                        preexec_fn=_pdeathsig, cwd=str(Path(__file__).resolve().parent.parent))
+            finally:
+                logf.close()
+            self.state.add("pids", proc.pid)
+            self.procs[rank] = proc
+
+    def _log_tail(self, rank: int, n: int = 15) -> str:
+        path = self.run_dir / "logs" / f"rank{rank}.seg{self._segment}.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+    def poll(self, check: bool = True) -> list[dict[str, Any]]:
+        """Read new progress lines, run fault schedules, check the ranks; returns new iteration records.
+
+        Raises:
+            TestbedError: a rank exited with an error (its log tail is in the message).
+        """
+        new: list[dict[str, Any]] = []
+        for rank in range(self.world_size):
+            path = self.run_dir / "progress" / f"rank{rank}.jsonl"
+            try:
+                with open(path) as f:
+                    f.seek(self._offsets.get(rank, 0))
+                    chunk = f.read()
+            except OSError:
+                continue
+            complete = chunk[: chunk.rfind("\n") + 1]
+            self._offsets[rank] = self._offsets.get(rank, 0) + len(complete.encode())
+            for line in complete.splitlines():
+                rec = json.loads(line)
+                if rec.get("ready"):
+                    self._ready[rank] = rec["t"]
+                elif rec.get("done"):
+                    self._done.add(rank)
+                else:
+                    rec["segment"] = self._segment
+                    self.records[rank].append(rec)
+                    new.append(rec)
+        if self.training_start is None and len(self._ready) == self.world_size:
+            self.training_start = time.monotonic()
+        for rec in new:
+            if self.on_iteration is not None:
+                self.on_iteration(rec)
+        if check:
+            self._run_schedules()
+            for rank, p in self.procs.items():
+                rc = p.poll()
+                if rc not in (None, 0):
+                    raise TestbedError(f"rank {rank} exited with status {rc}; its log ends:\n{self._log_tail(rank)}")
+        return new
+
+    def _run_schedules(self) -> None:
+        if self.training_start is None:
+            return
+        elapsed = time.monotonic() - self.training_start
+        done = self.completed()
+        for f in self.faults:
+            if not f.schedule.timed:
+                continue
+            want = f.schedule.should_be_active(elapsed, done)
+            if want and not f.active and not self.finished():
+                self.log(f"fault on:  {f.spec} (iteration {done}, {elapsed:.1f} s)")
+                f.start()
+            elif not want and f.active:
+                self.log(f"fault off: {f.spec} (iteration {done}, {elapsed:.1f} s)")
+                f.stop()
+
+    def inject(self, spec: str | Fault) -> Fault:
+        """Start a fault now (Python API for run-time injection); returns it for :meth:`remove`."""
+        fault = parse_spec(spec) if isinstance(spec, str) else spec
+        fault.bind(self)
+        self.faults.append(fault)
+        fault.start()
+        self.log(f"fault on:  {fault.spec}")
+        return fault
+
+    def remove(self, fault: Fault) -> None:
+        """Stop a fault started with :meth:`inject` (or any fault of this job)."""
+        fault.stop()
+        self.log(f"fault off: {fault.spec}")
+
+    def finished(self) -> bool:
+        """Whether every rank process has exited."""
+        return bool(self.procs) and all(p.poll() is not None for p in self.procs.values())
+
+    def wait(self, timeout_s: float | None = None) -> dict[str, Any]:
+        """Run until the job ends; returns the report."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while not self.finished():
+            self.poll()
+            if deadline is not None and time.monotonic() > deadline:
+                raise TestbedError(f"job did not finish within {timeout_s} s")
+            time.sleep(0.05)
+        self.poll()
+        for f in self.faults:
+            f.stop()
+        return self.report()
+
+    def restart(self, placement: Sequence[int] | None = None, checkpoint_dir: str | Path | None = None) -> int:
+        """Checkpoint, stop the ranks and start them again from the checkpoint with a new rank-to-node placement.
+
+        Returns:
+            The iteration the job resumed from.
+        """
+        placement = list(placement) if placement is not None else list(self.placement)
+        JobConfig(**{**asdict(self.config), "model": self.config.model, "placement": placement}).validate()
+        ck_dir = Path(checkpoint_dir) if checkpoint_dir else self.run_dir / f"ckpt-seg{self._segment}"
+        resume = self.checkpoint(ck_dir, stop=True)
+        deadline = time.monotonic() + 120
+        while not self.finished():
+            if time.monotonic() > deadline:
+                raise TestbedError("ranks did not stop for the restart")
+            self.poll()
+            time.sleep(0.05)
+        self.poll()
+        self._segments[-1]["end_unix"] = time.time()
+        for rank, p in self.procs.items():
+            self.state.remove("pids", p.pid)
+            _ = rank
+        cpu_faults = [f for f in self.faults if f.active and f.kind == "cpu"]
+        for f in cpu_faults:  # their processes are gone; re-applied to the new processes below
+            f.stop()
+        self.procs = {}
+        self._ready, self._done = {}, set()
+        self.training_start = None
+        self._segment += 1
+        self.placement = placement
+        self._segments.append({"resume_iter": resume, "placement": list(placement), "start_unix": time.time(),
+                               "checkpoint": str(ck_dir)})
+        self._push({"stop_at": None, "checkpoint": None}, apply_at=resume)
+        self._spawn(str(ck_dir))
+        for f in cpu_faults:
+            f.start()
+        self.log(f"restarted from {ck_dir} at iteration {resume} with placement {placement}")
+        return resume
+
+    # --- report -------------------------------------------------------------------------------
+
+    def report(self, trace: str | Path | None = None) -> dict[str, Any]:
+        """The report dict (and the trace file when `trace` is given)."""
+        times: dict[str, list[float]] = {}
+        ends: dict[str, list[float]] = {}
+        its: dict[str, list[int]] = {}
+        per_it_losses: dict[int, list[tuple[float, int]]] = {}
+        for rank, recs in self.records.items():
+            times[str(rank)] = [r["dt"] for r in recs]
+            ends[str(rank)] = [r["end_unix"] for r in recs]
+            its[str(rank)] = [r["it"] for r in recs]
+            c = self.layout.coords(rank)
+            if c.pp == self.layout.pp - 1 and c.tp == 0:
+                for r in recs:
+                    if r["loss"] is not None:
+                        per_it_losses.setdefault(r["it"], []).append((r["loss"], r["mb"]))
+        losses = [sum(lo * m for lo, m in v) / sum(m for _, m in v) for _, v in sorted(per_it_losses.items())]
+        faults = [e for f in self.faults for e in f.log()]
+        faults.sort(key=lambda e: e["start_unix_s"])
+        lay = self.layout
+        rep: dict[str, Any] = {
+            "job": self.config.job,
+            "layout": {**lay.to_dict(), "world_size": lay.world_size, "num_nodes": lay.num_nodes},
+            "placement": self.placement,
+            "namespaces": self.use_ns,
+            "link_faults_available": self.use_ns,
+            "model": asdict(self.config.model),
+            "micro_batches": self.config.micro_batches,
+            "iterations": its,
+            "iteration_time_s": times,
+            "iteration_end_unix_s": ends,
+            "losses": losses,
+            "faults": faults,
+            "segments": self._segments,
+            "start_unix_s": self.start_unix,
+            "end_unix_s": time.time(),
+            "run_dir": str(self.run_dir),
+        }
+        if trace is not None:
+            meta = write_trace(Path(trace), self.run_dir, lay, self.records)
+            rep["trace"], rep["trace_meta"] = str(trace), str(meta)
+        return rep
+
+    def close(self) -> None:
+        """Stop everything this job created (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        for f in self.faults:
+            with contextlib.suppress(Exception):
+                f.stop()
+        for p in self.procs.values():
+            if p.poll() is None:
+                kill_process(p.pid, grace_s=2.0)
+            with contextlib.suppress(Exception):
+                p.wait(timeout=5)
+            self.state.remove("pids", p.pid)
+        if self.net is not None:
+            self.net.destroy()
+
+    def __enter__(self) -> Testbed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def run_job(config: JobConfig, faults: Sequence[str] = (), *, report: str | Path | None = None,
+            trace: str | Path | None = None, run_dir: str | Path | None = None,
+            on_iteration: Callable[[dict[str, Any]], None] | None = None,
+            log: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Run one job start to end (faults by spec); write the report JSON when `report` is given."""
+    with Testbed(config, faults, run_dir=run_dir, on_iteration=on_iteration, log=log) as tb:
+        tb.start()
+        tb.wait()
+        rep = tb.report(trace=trace)
+    if report is not None:
+        Path(report).write_text(json.dumps(rep, indent=1))
+    return rep
