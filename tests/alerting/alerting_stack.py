@@ -1,0 +1,194 @@
+"""Start the real monitoring half of failslow for tests: Prometheus and Alertmanager from the repo configs.
+
+The configs are copied verbatim into a temporary directory; only what must differ per test run is
+changed there: the file_sd target files (free loopback ports) and the remediator webhook URL and
+token. Processes are started on free loopback ports and stopped by PID. Missing binaries or a
+process that does not become ready raise, so the calling test fails instead of skipping.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+PROMETHEUS_DIR = REPO / "prometheus"
+ALERTMANAGER_DIR = REPO / "alertmanager"
+GRAFANA_DIR = REPO / "grafana"
+RUNBOOKS_DIR = REPO / "runbooks"
+
+PROMETHEUS = "/usr/bin/prometheus"
+PROMTOOL = "/usr/bin/promtool"
+ALERTMANAGER = "/usr/bin/prometheus-alertmanager"
+AMTOOL = "/usr/bin/amtool"
+
+
+def require_binary(path: str) -> str:
+    """Return `path` if it is an executable, else raise: a missing component fails the test."""
+    if not Path(path).is_file() or shutil.which(path) is None:
+        raise RuntimeError(f"{path} is missing: install the Debian package (scripts/bootstrap.sh does)")
+    return path
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _targets(addrs: list[str]) -> list[dict[str, Any]]:
+    return [{"targets": addrs}] if addrs else []
+
+
+def render_prometheus(
+    dest: Path,
+    *,
+    prometheus: str,
+    alertmanager: str | None = None,
+    exporters: list[str] | None = None,
+    detector: list[str] | None = None,
+    remediator: list[str] | None = None,
+    scrape_interval: str | None = None,
+    evaluation_interval: str | None = None,
+) -> Path:
+    """Copy prometheus.yml and rules/ into `dest`, write target files; return the config path.
+
+    `scrape_interval` / `evaluation_interval` override the global defaults (the dashboard test uses
+    1s to have data quickly); everything else is the file as shipped.
+    """
+    dest.mkdir(parents=True, exist_ok=True)
+    cfg = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())
+    if scrape_interval:
+        cfg["global"]["scrape_interval"] = scrape_interval
+        cfg["global"]["scrape_timeout"] = scrape_interval
+    if evaluation_interval:
+        cfg["global"]["evaluation_interval"] = evaluation_interval
+    (dest / "prometheus.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    shutil.copytree(PROMETHEUS_DIR / "rules", dest / "rules", dirs_exist_ok=True)
+    tdir = dest / "targets"
+    tdir.mkdir(exist_ok=True)
+    files = {
+        "prometheus.json": [prometheus],
+        "alertmanager.json": [alertmanager] if alertmanager else [],
+        "exporter.json": exporters or [],
+        "detector.json": detector or [],
+        "remediator.json": remediator or [],
+    }
+    for name, addrs in files.items():
+        (tdir / name).write_text(json.dumps(_targets(addrs)))
+    return dest / "prometheus.yml"
+
+
+def render_alertmanager(dest: Path, *, remediator_url: str, token: str) -> Path:
+    """Copy alertmanager.yml into `dest` with the remediator URL replaced and the token file written."""
+    dest.mkdir(parents=True, exist_ok=True)
+    cfg = yaml.safe_load((ALERTMANAGER_DIR / "alertmanager.yml").read_text())
+    hooks = [w for r in cfg["receivers"] if r["name"] == "remediator" for w in r["webhook_configs"]]
+    if len(hooks) != 1:
+        raise RuntimeError("alertmanager.yml: expected exactly one remediator webhook")
+    hooks[0]["url"] = remediator_url
+    token_file = dest / hooks[0]["http_config"]["authorization"]["credentials_file"]
+    token_file.write_text(token)
+    token_file.chmod(0o600)
+    (dest / "alertmanager.yml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return dest / "alertmanager.yml"
+
+
+@dataclass
+class Service:
+    """A started server process and the base URL it answers on."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self) -> None:
+        """Terminate by PID and reap; kill if it does not exit promptly."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def _wait_ready(svc: Service, path: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if svc.proc.poll() is not None:
+            raise RuntimeError(f"{svc.proc.args[0]} exited ({svc.proc.returncode}):\n{svc.log.read_text()[-3000:]}")
+        try:
+            if requests.get(svc.url + path, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.1)
+    svc.stop()
+    raise RuntimeError(f"{svc.proc.args[0]} not ready after {timeout}s:\n{svc.log.read_text()[-3000:]}")
+
+
+@contextmanager
+def prometheus(config: Path, port: int, *, timeout: float = 30.0) -> Iterator[Service]:
+    """Run /usr/bin/prometheus on 127.0.0.1:`port` with `config`, its TSDB next to the config."""
+    require_binary(PROMETHEUS)
+    log = config.parent / "prometheus.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={config.parent / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
+            stdout=out, stderr=subprocess.STDOUT, cwd=config.parent)
+    svc = Service(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        _wait_ready(svc, "/-/ready", timeout)
+        yield svc
+    finally:
+        svc.stop()
+
+
+@contextmanager
+def alertmanager(config: Path, port: int, *, timeout: float = 30.0) -> Iterator[Service]:
+    """Run prometheus-alertmanager on 127.0.0.1:`port` (clustering off), data next to the config."""
+    require_binary(ALERTMANAGER)
+    log = config.parent / "alertmanager.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [ALERTMANAGER, f"--config.file={config}", f"--storage.path={config.parent / 'am-data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+            stdout=out, stderr=subprocess.STDOUT, cwd=config.parent)
+    svc = Service(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        _wait_ready(svc, "/-/ready", timeout)
+        yield svc
+    finally:
+        svc.stop()
+
+
+def alert_rules() -> list[dict[str, Any]]:
+    """Every alerting rule in prometheus/rules/*.yml."""
+    out = []
+    for f in sorted((PROMETHEUS_DIR / "rules").glob("*.yml")):
+        for g in yaml.safe_load(f.read_text())["groups"]:
+            out.extend(r for r in g["rules"] if "alert" in r)
+    return out
+
+
+def recording_rules() -> list[dict[str, Any]]:
+    """Every recording rule in prometheus/rules/*.yml."""
+    out = []
+    for f in sorted((PROMETHEUS_DIR / "rules").glob("*.yml")):
+        for g in yaml.safe_load(f.read_text())["groups"]:
+            out.extend(r for r in g["rules"] if "record" in r)
+    return out
