@@ -45,12 +45,20 @@ ISSUE_EPS = 5e-5  # s: clock jitter allowed when inferring "issued after" from t
 
 
 @dataclass(frozen=True)
-class Group:
-    """A set of template nodes that finish together (a singleton for local ops)."""
+class Call:
+    """Template nodes of one worker that start together and end together (one call of the program).
+
+    A local op is a call of one node. A communication call ends at the latest start among itself
+    and its `peers` (other calls; across the step's DP ranks too when `dp_sync`) plus its transfer
+    time. A batched P2P call (e.g. Megatron's send_forward_recv_backward) holds several nodes, each
+    with its own peer on an adjacent stage.
+    """
 
     members: tuple[int, ...]
-    is_comm: bool  # ends at the latest member start + transfer, else at own start + duration
-    dp_sync: bool  # the latest start is also taken across the DP ranks of the step
+    is_comm: bool
+    dp_sync: bool
+    peers: tuple[int, ...]
+    deps: tuple[int, ...]  # calls whose end this call's start waits for
 
 
 @dataclass(frozen=True)
@@ -61,8 +69,9 @@ class Model:
         stage, optype, seq: per template node.
         simulated: False for P2P no-ops (a send/recv without a peer), left out of simulation.
         deps: per node, the nodes it waits for.
-        groups: communication/compute groups in a topological order of the group graph.
-        sinks: nodes nothing waits for (the step ends when the last of them ends).
+        calls: the calls (see `Call`); `node_call` maps a node to its call.
+        events: a topological order of call events, `2*c` = start of call c, `2*c+1` = its end.
+        sinks: calls nothing waits for (the step ends when the last of them ends).
         work: (N, dp, steps) original duration (compute) or transfer duration (communication).
         ideal: (N,) idealised work: per optype mean duration (compute) / median transfer (comm).
         start, end: (N, dp, steps) the trace's timestamps of every node instance.
@@ -76,7 +85,9 @@ class Model:
     seq: IntArray
     simulated: npt.NDArray[np.bool_]
     deps: tuple[tuple[int, ...], ...]
-    groups: tuple[Group, ...]
+    calls: tuple[Call, ...]
+    node_call: IntArray
+    events: tuple[int, ...]
     sinks: tuple[int, ...]
     work: FloatArray
     ideal: FloatArray
@@ -175,8 +186,16 @@ def build_model(trace: Trace, compute: str = "mean") -> Model:
     kind = np.array([OPTYPES[o].kind for o in optype.tolist()], dtype=np.int64)
     deps: list[list[int]] = [[] for _ in range(n_nodes)]
     simulated = np.ones(n_nodes, dtype=bool)
-    groups_members: list[tuple[list[int], bool, bool]] = []  # members, is_comm, dp_sync
-    in_group = np.zeros(n_nodes, dtype=bool)
+    call_members: list[list[int]] = []
+    call_flags: list[tuple[bool, bool]] = []  # is_comm, dp_sync
+    node_call = np.full(n_nodes, -1, dtype=np.int64)
+
+    def add_call(mem: list[int], is_comm: bool, sync: bool) -> int:
+        call_members.append(mem)
+        call_flags.append((is_comm, sync))
+        node_call[mem] = len(call_members) - 1
+        return len(call_members) - 1
+
     pp = meta.pp_size
     n_chunks = pp * meta.vpp_size
     sends: dict[tuple[int, int], list[int]] = {}  # (src stage, direction) -> send nodes in order
@@ -291,16 +310,15 @@ def build_model(trace: Trace, compute: str = "mean") -> Model:
                     deps[chunk[0]].append(v)
             elif opt_phase:
                 deps[opt_phase[0]].append(v)
-            groups_members.append(([v], True, dp > 1))
-            in_group[v] = True
+            add_call([v], True, dp > 1)
 
         # --- main-stream collectives local to our model (TP group not traced)
         for v in main_list:
             if optype[v] == tr.LAYERNORM_AR:
-                groups_members.append(([v], True, False))
-                in_group[v] = True
+                add_call([v], True, False)
 
     # P2P pairs per channel, FIFO
+    pairs: list[tuple[int, int]] = []
     for (src, direction), snd in sends.items():
         rcv = recvs.get((src, direction), [])
         if len(rcv) != len(snd):
@@ -308,49 +326,71 @@ def build_model(trace: Trace, compute: str = "mean") -> Model:
             name = "forward" if direction == 0 else "backward"
             raise InputError(f"inconsistent trace: stage {src} sends {len(snd)} {name} activations per step to "
                              f"stage {dst}, which receives {len(rcv)}")
-        for a, b in zip(snd, rcv, strict=True):
-            groups_members.append(([a, b], True, False))
-            in_group[a] = in_group[b] = True
+        pairs.extend(zip(snd, rcv, strict=True))
     for (src, direction), rcv in recvs.items():
         if (src, direction) not in sends:
             raise InputError(f"inconsistent trace: stage {(src + 1) % pp if direction == 0 else (src - 1) % pp} "
                              f"receives {len(rcv)} activations per step from stage {src}, which sends none")
+    # A batched (fused) P2P call - e.g. Megatron's send_forward_recv_backward - records its sends and
+    # receives with one start and one end: it completes when the peers of all its parts have started.
+    p2p = np.array(sorted({v for pr in pairs for v in pr}), dtype=np.int64)
+    if p2p.size:
+        order = p2p[np.lexsort((t_end[p2p], t_start[p2p], stage[p2p]))].tolist()
+        cluster = [order[0]]
+        for a, b in itertools.pairwise(order):
+            if stage[a] == stage[b] and abs(t_start[a] - t_start[b]) <= ISSUE_EPS \
+                    and abs(t_end[a] - t_end[b]) <= ISSUE_EPS:
+                cluster.append(b)
+            else:
+                add_call(cluster, True, False)
+                cluster = [b]
+        add_call(cluster, True, False)
+    peer_sets: dict[int, set[int]] = {}
+    for a, b in pairs:
+        ca, cb = int(node_call[a]), int(node_call[b])
+        peer_sets.setdefault(ca, set()).add(cb)
+        peer_sets.setdefault(cb, set()).add(ca)
 
     # embedding grads (first + last stage of a DP rank) and grad-norm clip (everyone), matched by seq
-    for ot, sync in ((tr.EMBEDDING_AR, False), (tr.CLIP, dp > 1 or pp > 1)):
+    for ot in (tr.EMBEDDING_AR, tr.CLIP):
         nodes = np.flatnonzero(optype == ot)
         for q in np.unique(seq[nodes]).tolist():
-            mem = nodes[seq[nodes] == q].tolist()
-            groups_members.append((mem, True, sync and ot == tr.CLIP))
-            in_group[mem] = True
+            cids = [add_call([v], True, ot == tr.CLIP and dp > 1) for v in nodes[seq[nodes] == q].tolist()]
+            for c in cids:
+                peer_sets[c] = set(cids) - {c}
     for v in range(n_nodes):
-        if not in_group[v] and simulated[v]:
-            groups_members.append(([v], False, False))
+        if node_call[v] < 0 and simulated[v]:
+            add_call([v], False, False)
 
     # drop edges to/from no-ops (they carry no data) and duplicates
     deps_t = [tuple(dict.fromkeys(d for d in deps[v] if simulated[d])) for v in range(n_nodes)]
-    groups = _toposort(groups_members, deps_t, n_nodes)
+    calls = []
+    for c, mem in enumerate(call_members):
+        cdeps = {int(node_call[d]) for v in mem for d in deps_t[v]} - {c}
+        calls.append(Call(tuple(mem), call_flags[c][0], call_flags[c][1],
+                          tuple(sorted(peer_sets.get(c, ()))), tuple(sorted(cdeps))))
+    events = _toposort(calls, node_call)
 
-    # transfer durations: own end minus the latest start in the group
+    # transfer durations: the call's end minus the latest start among it and its peers
     work = dur.copy()
-    for g in groups:
-        if not g.is_comm:
+    for call in calls:
+        if not call.is_comm:
             continue
-        mem = list(g.members)
-        latest = start[mem].max(axis=0)
-        if g.dp_sync:
+        mem = list(call.members)
+        others = [v for p in call.peers for v in calls[p].members]
+        latest = start[mem + others].max(axis=0)
+        if call.dp_sync:
             latest = latest.max(axis=0, keepdims=True)
-        work[mem] = np.maximum(end[mem] - latest, 0.0)
+        work[mem] = np.maximum(end[mem].max(axis=0) - latest, 0.0)
 
     ideal = idealise(work, optype, simulated, compute)
 
-    consumers = np.zeros(n_nodes, dtype=np.int64)
-    for v in range(n_nodes):
-        for d in deps_t[v]:
-            consumers[d] += 1
-    sinks = tuple(int(v) for v in np.flatnonzero((consumers == 0) & simulated))
+    consumed = np.zeros(len(calls), dtype=bool)
+    for call in calls:
+        consumed[list(call.deps)] = True
+    sinks = tuple(int(c) for c in np.flatnonzero(~consumed))
     return Model(trace=trace, stage=stage, optype=optype, seq=seq, simulated=simulated, deps=tuple(deps_t),
-                 groups=groups, sinks=sinks, work=work, ideal=ideal, start=start, end=end,
+                 calls=tuple(calls), node_call=node_call, events=events, sinks=sinks, work=work, ideal=ideal, start=start, end=end,
                  gmc=gmc, mb=mb, n_noops=int((~simulated).sum()))
 
 
@@ -368,32 +408,30 @@ def idealise(work: FloatArray, optype: IntArray, simulated: npt.NDArray[np.bool_
     return ideal
 
 
-def _toposort(groups_members: list[tuple[list[int], bool, bool]], deps: list[tuple[int, ...]],
-              n_nodes: int) -> tuple[Group, ...]:
-    """Order groups so that every group comes after the groups its members wait for."""
-    gid = np.full(n_nodes, -1, dtype=np.int64)
-    for i, (mem, _, _) in enumerate(groups_members):
-        gid[mem] = i
-    n = len(groups_members)
+def _toposort(calls: list[Call], node_call: IntArray) -> tuple[int, ...]:
+    """Order call events: a start after the ends of its dependencies, an end after its own start and
+    its peers' starts. A cycle means the trace's order contradicts itself."""
+    n = 2 * len(calls)
     succ: list[list[int]] = [[] for _ in range(n)]
     indeg = [0] * n
-    for i, (mem, _, _) in enumerate(groups_members):
-        preds = {int(gid[d]) for v in mem for d in deps[v]}
-        preds.discard(i)
-        for p in preds:
-            succ[p].append(i)
-        indeg[i] = len(preds)
-    ready = [i for i in range(n) if indeg[i] == 0]
+    for c, call in enumerate(calls):
+        for d in call.deps:
+            succ[2 * d + 1].append(2 * c)
+        indeg[2 * c] = len(call.deps)
+        for p in (c, *call.peers):
+            succ[2 * p].append(2 * c + 1)
+        indeg[2 * c + 1] = 1 + len(call.peers)
+    ready = [e for e in range(n) if indeg[e] == 0]
     order: list[int] = []
     while ready:
-        i = ready.pop()
-        order.append(i)
-        for j in succ[i]:
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                ready.append(j)
+        e = ready.pop()
+        order.append(e)
+        for f in succ[e]:
+            indeg[f] -= 1
+            if indeg[f] == 0:
+                ready.append(f)
     if len(order) != n:
-        stuck = [i for i in range(n) if indeg[i] > 0][:3]
+        stuck = [calls[e // 2].members for e in range(n) if indeg[e] > 0][:3]
         raise InputError("inconsistent trace: the operations' order implies a dependency cycle "
-                         f"(e.g. around template nodes {[groups_members[i][0] for i in stuck]})")
-    return tuple(Group(tuple(groups_members[i][0]), groups_members[i][1], groups_members[i][2]) for i in order)
+                         f"(e.g. around template nodes {stuck})")
+    return tuple(order)

@@ -90,48 +90,59 @@ class OneRankLanes:
 
 def simulate(model: Model, source: WorkSource, n_scenarios: int) -> FloatArray:
     """Step times (scenarios, steps) of the simulated timelines; a step starts at 0."""
-    deps = model.deps
-    remaining = [0] * model.n_nodes
-    for v in range(model.n_nodes):
-        for d in deps[v]:
-            remaining[d] += 1
+    calls = model.calls
+    n = len(calls)
+    # how many later events still read a call's start (its end, its peers' ends) and end (consumers)
+    start_reads = [1 + len(c.peers) for c in calls]
+    end_reads = [0] * n
+    for c in calls:
+        for d in c.deps:
+            end_reads[d] += 1
     sinks = set(model.sinks)
-    ends: list[FloatArray | None] = [None] * model.n_nodes
+    starts: list[FloatArray | float | None] = [None] * n
+    ends: list[FloatArray | None] = [None] * n
     step_end = np.zeros((n_scenarios, source.n_lanes, model.n_steps))
 
-    def start_of(v: int) -> FloatArray | float:
-        dv = deps[v]
-        if not dv:
-            return 0.0
-        s = ends[dv[0]]
-        if len(dv) > 1:
-            s = np.maximum(s, ends[dv[1]])  # type: ignore[arg-type]
-            for d in dv[2:]:
-                np.maximum(s, ends[d], out=s)  # type: ignore[arg-type]
-        for d in dv:
-            remaining[d] -= 1
-            if remaining[d] == 0:
-                ends[d] = None  # nothing else waits for it: free the memory
-        return s  # type: ignore[return-value]
-
-    for g in model.groups:
-        if not g.is_comm:
-            v = g.members[0]
-            e = start_of(v) + source(v)
-            ends[v] = e
-            if v in sinks:
-                np.maximum(step_end, e, out=step_end)
+    for e in model.events:
+        c, is_end = e >> 1, e & 1
+        call = calls[c]
+        if not is_end:
+            dv = call.deps
+            if not dv:
+                starts[c] = 0.0
+                continue
+            s = ends[dv[0]]
+            if len(dv) > 1:
+                s = np.maximum(s, ends[dv[1]])  # type: ignore[arg-type]
+                for d in dv[2:]:
+                    np.maximum(s, ends[d], out=s)  # type: ignore[arg-type]
+            for d in dv:
+                end_reads[d] -= 1
+                if end_reads[d] == 0:
+                    ends[d] = None  # nothing else waits for it: free the memory
+            starts[c] = s
             continue
-        latest: FloatArray | float = 0.0
-        for v in g.members:
-            latest = np.maximum(latest, start_of(v))
-        if g.dp_sync and source.n_lanes > 1 and isinstance(latest, np.ndarray):
-            latest = latest.max(axis=1, keepdims=True)
-        for v in g.members:
-            e = latest + source(v)
-            ends[v] = e
-            if v in sinks:
-                np.maximum(step_end, e, out=step_end)
+        mem = call.members
+        w = source(mem[0])
+        for v in mem[1:]:
+            w = np.maximum(w, source(v))
+        latest = starts[c]
+        if call.is_comm:
+            for p in call.peers:
+                latest = np.maximum(latest, starts[p])  # type: ignore[call-overload]
+                start_reads[p] -= 1
+                if start_reads[p] == 0:
+                    starts[p] = None
+            if call.dp_sync and source.n_lanes > 1 and isinstance(latest, np.ndarray):
+                latest = latest.max(axis=1, keepdims=True)
+        end = latest + w  # type: ignore[operator]
+        start_reads[c] -= 1
+        if start_reads[c] == 0:
+            starts[c] = None
+        if c in sinks:
+            np.maximum(step_end, end, out=step_end)
+        else:
+            ends[c] = end
     return step_end.max(axis=1)
 
 
@@ -146,24 +157,25 @@ def simulate_timeline(model: Model, keep: BoolArray | None = None) -> tuple[Floa
     src = FullLanes(model, k)
     start = np.full((n, dp, steps), np.nan)
     end = np.full((n, dp, steps), np.nan)
-    deps = model.deps
-
-    def start_of(v: int) -> FloatArray:
-        s = np.zeros((dp, steps))
-        for d in deps[v]:
-            s = np.maximum(s, end[d])
-        return s
-
-    for g in model.groups:
-        starts = [start_of(v) for v in g.members]
-        for v, s in zip(g.members, starts, strict=True):
-            start[v] = s
-        if not g.is_comm:
-            end[g.members[0]] = starts[0] + src(g.members[0])[0]
+    cs: dict[int, FloatArray] = {}
+    ce: dict[int, FloatArray] = {}
+    for e in model.events:
+        c, is_end = e >> 1, e & 1
+        call = model.calls[c]
+        if not is_end:
+            s = np.zeros((dp, steps))
+            for d in call.deps:
+                s = np.maximum(s, ce[d])
+            cs[c] = s
+            start[list(call.members)] = s
             continue
-        latest = np.max(np.stack(starts), axis=0)
-        if g.dp_sync:
-            latest = latest.max(axis=0, keepdims=True)
-        for v in g.members:
-            end[v] = latest + src(v)[0]
+        w = np.max(np.stack([src(v)[0] for v in call.members]), axis=0)
+        latest = cs[c]
+        if call.is_comm:
+            for p in call.peers:
+                latest = np.maximum(latest, cs[p])
+            if call.dp_sync:
+                latest = latest.max(axis=0, keepdims=True)
+        ce[c] = latest + w
+        end[list(call.members)] = ce[c]
     return start, end
