@@ -13,6 +13,7 @@ while healthy (warm-up ending) only move the baseline.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -283,7 +284,144 @@ def detect_matrix(values: NDArray[np.floating[Any]], method: str = "bocd-v",
                          events=[(a, b, e) for a, b, e in ev]) for c, ev in zip(cps, events, strict=True)]
 
 
+Change = tuple[int, int, float, float, float]  # (detected_at, index, probability, level_before, level_after)
+
+
+def _offline_bocd_v(x: NDArray[np.float64], **kw: Any) -> tuple[list[Change], float]:
+    from failslow.verify import VerifyConfig, verified_changes
+    v = kw.get("verify") or VerifyConfig()
+    return verified_changes(x, kw.get("bocd"), v), v.threshold
+
+
+def _offline_bocd(x: NDArray[np.float64], **kw: Any) -> tuple[list[Change], float]:
+    from failslow.verify import plain_changes
+    return plain_changes(x, kw.get("bocd"), kw.get("verify")), 0.0
+
+
+def _offline_window(x: NDArray[np.float64], **kw: Any) -> tuple[list[Change], float]:
+    from failslow.window import window_changes
+    thr = float(kw.get("threshold", 0.10))
+    return window_changes(x, int(kw.get("width", 10)), thr), thr
+
+
+#: Batch forms over one whole series (same decisions as the streaming detectors, less overhead).
+OFFLINE: dict[str, Callable[..., tuple[list[Change], float]]] = {
+    "bocd-v": _offline_bocd_v, "bocd": _offline_bocd, "window": _offline_window}
+
+
 def detect_series(values: NDArray[np.floating[Any]], method: str = "bocd-v", **options: Any) -> SeriesResult:
-    """Run a method over one series (NaN = missing) and return its change points and events."""
+    """Run a method over one series (NaN = missing) and return its change points and events.
+
+    Uses the method's batch form when it has one; it makes the same decisions as feeding the streaming
+    detector sample by sample (tests check this).
+    """
     arr = np.asarray(values, dtype=np.float64).reshape(-1)
-    return detect_matrix(arr[:, None], method, **options)[0]
+    if method not in METHODS:
+        raise InputError(f"unknown method {method!r}; choose one of {', '.join(METHODS)}")
+    if method not in OFFLINE:
+        return detect_matrix(arr[:, None], method, **options)[0]
+    changes, threshold = OFFLINE[method](arr, **options)
+    tracker = EventTracker(1, threshold)
+    cps: list[ChangePoint] = []
+    events: list[list[int]] = []
+    one = np.ones(1, dtype=bool)
+    for t, c, p, lb, la in changes:
+        cps.append(ChangePoint(index=c, probability=p, level_before=lb, level_after=la,
+                               ratio=la / lb if lb != 0 else math.nan, detected_at=t))
+        opened, recovered = tracker.observe(one, np.array([c], dtype=np.int64), np.array([lb]), np.array([la]))
+        if recovered[0] and events:
+            events[-1][2] = c
+        if opened[0]:
+            events.append([c, t, -1])
+    return SeriesResult(change_points=sorted(cps, key=lambda q: q.index),
+                        events=[(a, b, e) for a, b, e in events])
+
+
+# --------------------------------------------------------------------------- CSV input and JSON output
+def parse_series_csv(text: str, column: str | None = None, all_columns: bool = False) -> dict[str, FloatArray]:
+    """Numeric series from CSV text with a header; empty cells (and ``nan``) are missing samples.
+
+    Picks ``column`` if given, else ``value`` if present, else the only numeric column; with
+    ``all_columns`` every numeric column. Raises :class:`InputError` with the reason otherwise.
+    """
+    import csv
+    import io
+
+    rows = list(csv.reader(io.StringIO(text)))
+    while rows and not any(cell.strip() for cell in rows[-1]):
+        rows.pop()
+    if not rows:
+        raise InputError("empty input: expected a CSV header and at least one row")
+    header = [h.strip() for h in rows[0]]
+    if len(set(header)) != len(header):
+        raise InputError(f"duplicate column names in header: {header}")
+    body = rows[1:]
+    if not body:
+        raise InputError("no data rows after the header")
+    for k, r in enumerate(body, start=2):
+        if len(r) != len(header):
+            raise InputError(f"line {k}: {len(r)} fields, header has {len(header)}")
+
+    def numeric(j: int) -> FloatArray | str:
+        out = np.empty(len(body))
+        for k, r in enumerate(body):
+            cell = r[j].strip()
+            if not cell:
+                out[k] = np.nan
+                continue
+            try:
+                val = float(cell)
+            except ValueError:
+                return f"line {k + 2}: {cell!r} in column {header[j]!r} is not a number"
+            if math.isinf(val):
+                return f"line {k + 2}: infinite value in column {header[j]!r}"
+            out[k] = val
+        if np.isnan(out).all():
+            return f"column {header[j]!r} has no values"
+        return out
+
+    if column is not None or (not all_columns and "value" in header):
+        name = column if column is not None else "value"
+        if name not in header:
+            raise InputError(f"no column {name!r}; the header has {', '.join(header)}")
+        got = numeric(header.index(name))
+        if isinstance(got, str):
+            raise InputError(got)
+        return {name: got}
+    found: dict[str, FloatArray] = {}
+    reasons: list[str] = []
+    for j, name in enumerate(header):
+        got = numeric(j)
+        if isinstance(got, str):
+            reasons.append(got)
+        else:
+            found[name] = got
+    if not found:
+        raise InputError("no numeric column: " + "; ".join(reasons))
+    if all_columns:
+        return found
+    if len(found) > 1:
+        raise InputError(f"several numeric columns ({', '.join(found)}) and none named 'value': "
+                         "pick one with --column or use --all-columns")
+    return found
+
+
+def _finite(v: float) -> float | None:
+    return v if math.isfinite(v) else None
+
+
+def result_json(values: FloatArray, result: SeriesResult, method: str) -> dict[str, Any]:
+    """The `failslow detect` JSON for one series: means are over whole segments between change points."""
+    bounds = [0] + [c.index for c in result.change_points] + [values.shape[0]]
+    means = []
+    for a, b in itertools.pairwise(bounds):
+        seg = values[a:b]
+        seg = seg[~np.isnan(seg)]
+        means.append(float(seg.mean()) if seg.size else math.nan)
+    cps = []
+    for k, c in enumerate(result.change_points):
+        m0, m1 = means[k], means[k + 1]
+        cps.append({"index": c.index, "probability": _finite(round(c.probability, 6)),
+                    "mean_before": _finite(m0), "mean_after": _finite(m1),
+                    "ratio": _finite(m1 / m0) if m0 != 0 else None})
+    return {"method": method, "n": int(values.shape[0]), "change_points": cps}

@@ -112,3 +112,36 @@ class WindowMedian:
         return BatchVerdict(t=t, changed=changed, index=index, probability=p, level_before=lb, level_after=la,
                             failslow=self._tracker.open.copy(), opened=opened, recovered=recovered,
                             onset=self._tracker.onset.copy(), slowdown=self._tracker.slowdown())
+
+
+def window_changes(x: NDArray[np.floating[Any]], width: int = 10,
+                   threshold: float = 0.10) -> list[tuple[int, int, float, float, float]]:
+    """The window method over one whole series: the same reports as :class:`WindowMedian`.
+
+    Returns ``(detected_at, index, probability, level_before, level_after)`` per change.
+    """
+    WindowMedian(1, width=width, threshold=threshold)  # validates the parameters
+    xs = np.asarray(x, dtype=np.float64).reshape(-1)
+    n, w = xs.shape[0], width
+    if n < 2 * w:
+        return []
+    win = np.lib.stride_tricks.sliding_window_view(xs, w)  # win[i] = xs[i:i+w]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        med = np.nanmedian(win, axis=1)  # med[i]: window ending at i + w - 1
+        half = np.nanmedian(np.lib.stride_tricks.sliding_window_view(xs, w // 2), axis=1) if w // 2 else med
+    out: list[tuple[int, int, float, float, float]] = []
+    armed = 2 * w - 1
+    t_idx = np.arange(2 * w - 1, n)
+    mn_all, mo_all = med[t_idx - w + 1], med[t_idx - 2 * w + 1]
+    with np.errstate(invalid="ignore"):
+        ok_all = (np.abs(mn_all - mo_all) >= threshold * np.abs(mo_all)) & (mn_all != mo_all)
+    for k in np.flatnonzero(ok_all).tolist():
+        t = int(t_idx[k])
+        if t < armed:
+            continue
+        mo = float(mo_all[k])
+        la = float(half[t - w // 2 + 1])
+        out.append((t, t - w // 2, 1.0, mo, la))
+        armed = t + w + w // 2
+    return out

@@ -94,3 +94,14 @@ def test_bad_update_is_rejected() -> None:
         b.update(np.array([1.0]))
     with pytest.raises(InputError):
         b.update(np.array([1.0, np.inf]))
+
+
+def test_batch_run_lengths_equal_streaming() -> None:
+    from failslow.bocd import run_lengths
+    x = _step_series(6)
+    x[[3, 40, 121]] = np.nan
+    b = BOCD(1)
+    steps = [b.update(np.array([v])) for v in x]
+    tr = run_lengths(x)
+    assert list(tr.run_length) == [int(s.run_length[0]) for s in steps]
+    np.testing.assert_allclose(tr.probability, [float(s.probability[0]) for s in steps], rtol=1e-9)

@@ -80,11 +80,18 @@ def test_stream_protocol_matches_batch() -> None:
     assert max(v.slowdown for v in verdicts) == pytest.approx(job.events[0].severity, rel=0.05)
 
 
-def test_matrix_equals_series_by_series() -> None:
-    jobs = [generate_job(s, "comm", n=600) for s in range(3)]
-    mat = detect_matrix(np.stack([j.values for j in jobs], axis=1))
+@pytest.mark.parametrize("method", list(METHODS))
+def test_batch_form_makes_the_streaming_decisions(method: str) -> None:
+    """detect_series uses each method's fast batch form; it must match the streaming detector exactly."""
+    jobs = [generate_job(s, sc, n=700) for s, sc in enumerate(["comm", "flapping", "healthy", "ladder"])]
+    mat = detect_matrix(np.stack([j.values for j in jobs], axis=1), method)
     for j, r in zip(jobs, mat, strict=True):
-        assert r.events == detect_series(j.values).events
+        one = detect_series(j.values, method)
+        assert one.events == r.events
+        assert [(c.index, c.detected_at) for c in one.change_points] == \
+            [(c.index, c.detected_at) for c in r.change_points]
+        for a, b in zip(one.change_points, r.change_points, strict=True):
+            assert a.level_after == pytest.approx(b.level_after) and a.probability == pytest.approx(b.probability)
 
 
 def test_state_round_trip_resumes_the_same_verdicts() -> None:

@@ -1,0 +1,42 @@
+"""`failslow detect`: change points of a series in a CSV file (or stdin), as JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from failslow.errors import InputError
+
+HELP = "find change points (fail-slows and recoveries) in a CSV series; prints JSON"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options of `failslow detect`."""
+    p.add_argument("file", metavar="FILE|-", help="CSV with a header; '-' reads stdin")
+    p.add_argument("--method", choices=["bocd-v", "bocd", "window"], default="bocd-v",
+                   help="bocd-v: BOCD + verification (default); bocd: plain BOCD; window: sliding-window median")
+    p.add_argument("--column", help="column to analyse (default: 'value', else the only numeric column)")
+    p.add_argument("--all-columns", action="store_true", help="analyse every numeric column")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Read, detect, print; bad input raises InputError (exit 2)."""
+    from failslow.detect import detect_series, parse_series_csv, result_json
+
+    if args.column is not None and args.all_columns:
+        raise InputError("--column and --all-columns are mutually exclusive")
+    if args.file == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            with open(args.file, encoding="utf-8") as f:
+                text = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise InputError(f"cannot read {args.file}: {exc}") from exc
+    series = parse_series_csv(text, args.column, args.all_columns)
+    out = {name: result_json(v, detect_series(v, args.method), args.method) for name, v in series.items()}
+    doc = {"series": out} if args.all_columns else next(iter(out.values()))
+    json.dump(doc, sys.stdout, allow_nan=False)
+    sys.stdout.write("\n")
+    return 0
