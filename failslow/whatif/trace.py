@@ -343,6 +343,23 @@ def trace_from_columns(columns: Mapping[str, Any], meta: JobMeta | None = None) 
                  step_index=step_index.astype(np.int64).reshape(-1))
 
 
+_ARROW_DTYPES = {"int8": np.int8, "int16": np.int16, "int32": np.int32, "int64": np.int64, "uint8": np.uint8,
+                 "uint16": np.uint16, "uint32": np.uint32, "uint64": np.uint64, "halffloat": np.float16,
+                 "float": np.float32, "double": np.float64}
+
+
+def _arrow_numpy(arr: Any) -> npt.NDArray[Any]:
+    """A null-free primitive Arrow array as numpy, read from its buffer.
+
+    pyarrow's own `to_numpy` imports pandas, which costs more than the rest of a small analysis.
+    """
+    dt = _ARROW_DTYPES.get(str(arr.type))
+    if dt is None:
+        raise InputError(f"unsupported column type {arr.type}")
+    buf = arr.buffers()[1]
+    return np.frombuffer(buf, dtype=dt, count=len(arr) + arr.offset)[arr.offset:]
+
+
 def _columns_from_arrow(table: Any) -> dict[str, Any]:
     import pyarrow as pa
 
@@ -361,13 +378,13 @@ def _columns_from_arrow(table: Any) -> dict[str, Any]:
                 if not (pa.types.is_string(arr.type) or pa.types.is_large_string(arr.type)):
                     raise InputError(f"column optype must hold strings, got {arr.type}")
                 arr = arr.dictionary_encode()
-            out[c] = (arr.indices.to_numpy(zero_copy_only=False),
+            out[c] = (_arrow_numpy(arr.indices),
                       [str(x) for x in arr.dictionary.to_pylist()])
         else:
             t = col.type
             if not (pa.types.is_integer(t) or pa.types.is_floating(t)):
                 raise InputError(f"column {c} must be numeric, got {t}")
-            out[c] = col.to_numpy()
+            out[c] = _arrow_numpy(col.chunk(0) if col.num_chunks == 1 else col.combine_chunks())
     return out
 
 
@@ -381,7 +398,8 @@ def read_trace(path: str | Path, meta: JobMeta | None = None) -> Trace:
         if name.endswith(".parquet"):
             import pyarrow.parquet as pq
 
-            table = pq.read_table(p, columns=list(COLUMNS))
+            with pq.ParquetFile(p) as pf:  # not read_table: it imports pyarrow.dataset and pandas
+                table = pf.read(columns=list(COLUMNS))
         elif name.endswith((".csv", ".csv.gz", ".gz")):
             import pyarrow.csv as pcsv
 
