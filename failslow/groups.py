@@ -1,0 +1,456 @@
+"""Culprit analysis: from per-rank call timings, tell the slow rank (compute) or slow link from their victims.
+
+What it is for: once a job is confirmed slow, naming *who* to fix. Everybody in a synchronous job slows
+down together, so iteration times cannot say who is guilty; the timing of communication calls can.
+
+Every collective call instance (the k-th call on a communicator, matched across its members) splits into
+
+* **wait**: from a rank's entry until the last peer arrives (``max(start) - start``), time spent waiting
+  for somebody else, and
+* **transfer**: from the last arrival to the rank's exit (``end - max(start)``), time the data took.
+
+Point-to-point calls are matched as the k-th send from ``a`` to ``b`` with the k-th receive at ``b``
+from ``a`` and split the same way. Then:
+
+* **link suspects**: a group (communicator, or a directed p2p pair) whose median transfer time per byte
+  is at least ``link_ratio`` (1.1×) the median of the groups of the same kind (same op, size and parallel
+  role). The slow groups are then projected onto nodes: the node that the slow groups share and the
+  healthy groups avoid is the suspect link (its uplink); a slow group confined to one node points at
+  that node's local fabric.
+* **compute suspects**: ranks everyone waits for. A rank slowed by its CPU/GPU spends *more* time outside
+  communication calls than the ranks doing the same work (its data-parallel peers), and arrives last to
+  its collectives; its victims spend the extra time *inside* calls (waiting), so their time outside
+  calls stays normal. A rank is a suspect when its time outside calls is at least ``compute_ratio``
+  (1.1×) the median of its peers.
+
+Each culprit comes with the evidence used and a confidence in [0, 1].
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from failslow.errors import InputError
+
+#: Op codes (ring.Op) of point-to-point calls; everything else below 64 is a collective.
+SEND, RECV = 7, 8
+
+
+@dataclass
+class Calls:
+    """Call timings of many ranks, one entry per call (parallel arrays).
+
+    Attributes:
+        rank: Global rank that made the call.
+        comm: Communicator id (identical on every member).
+        seq: Order of the call within the rank's stream (e.g. the ring sequence number).
+        op: Op code (``failslow.ring.Op``).
+        nranks: Size of the communicator.
+        comm_rank: Position of the calling rank in the communicator.
+        peer: For send/recv, the peer's position in the communicator (-1 otherwise).
+        nbytes: Payload bytes.
+        start: Entry time, seconds (one clock for all ranks: wall time).
+        end: Exit/completion time, seconds.
+    """
+
+    rank: NDArray[np.int64]
+    comm: NDArray[np.uint64]
+    seq: NDArray[np.int64]
+    op: NDArray[np.int64]
+    nranks: NDArray[np.int64]
+    comm_rank: NDArray[np.int64]
+    peer: NDArray[np.int64]
+    nbytes: NDArray[np.int64]
+    start: NDArray[np.float64]
+    end: NDArray[np.float64]
+
+    def __post_init__(self) -> None:
+        n = self.rank.shape[0]
+        for name in ("comm", "seq", "op", "nranks", "comm_rank", "peer", "nbytes", "start", "end"):
+            if getattr(self, name).shape != (n,):
+                raise InputError(f"Calls.{name} must have shape ({n},), got {getattr(self, name).shape}")
+        if n and (np.any(~np.isfinite(self.start)) or np.any(~np.isfinite(self.end))):
+            raise InputError("call start/end times must be finite")
+        if n and np.any(self.end < self.start):
+            raise InputError("a call ends before it starts")
+
+    @classmethod
+    def from_columns(cls, **cols: Sequence[Any] | NDArray[Any]) -> Calls:
+        """Build from lists/arrays; ``peer`` defaults to -1, ``nbytes`` to 0, ``seq`` to input order per rank."""
+        n = len(cols["rank"])
+
+        def col(name: str, dtype: Any, default: Any) -> NDArray[Any]:
+            return np.asarray(cols[name], dtype=dtype) if name in cols else np.full(n, default, dtype=dtype)
+
+        return cls(rank=col("rank", np.int64, 0), comm=col("comm", np.uint64, 0),
+                   seq=col("seq", np.int64, 0) if "seq" in cols else np.arange(n, dtype=np.int64),
+                   op=col("op", np.int64, 1), nranks=col("nranks", np.int64, 0),
+                   comm_rank=col("comm_rank", np.int64, -1), peer=col("peer", np.int64, -1),
+                   nbytes=col("nbytes", np.int64, 0), start=col("start", np.float64, 0.0),
+                   end=col("end", np.float64, 0.0))
+
+    @classmethod
+    def concat(cls, parts: Sequence[Calls]) -> Calls:
+        """Concatenate call sets."""
+        if not parts:
+            return cls.from_columns(rank=[])
+        return cls(**{k: np.concatenate([getattr(p, k) for p in parts]) for k in
+                      ("rank", "comm", "seq", "op", "nranks", "comm_rank", "peer", "nbytes", "start", "end")})
+
+    def __len__(self) -> int:
+        return int(self.rank.shape[0])
+
+
+def calls_from_records(records: NDArray[Any], rank: int, clock_offset_ns: int = 0,
+                       call_ops: frozenset[int] | None = None) -> Calls:
+    """Calls of one rank from ring records (``failslow.ring.RECORD_DTYPE``), in wall-clock seconds.
+
+    Records without an end time (never completed) and control events (op >= 64) are dropped.
+    """
+    r = records
+    ok = (r["t_end_ns"] > 0) & (r["t_start_ns"] > 0) & (r["t_end_ns"] >= r["t_start_ns"])
+    ops = r["op"].astype(np.int64)
+    ok &= np.isin(ops, list(call_ops)) if call_ops is not None else ((ops > 0) & (ops < 64))
+    r = r[ok]
+    n = r.shape[0]
+    return Calls(rank=np.full(n, rank, dtype=np.int64), comm=r["comm"].astype(np.uint64),
+                 seq=r["seq"].astype(np.int64), op=r["op"].astype(np.int64), nranks=r["nranks"].astype(np.int64),
+                 comm_rank=r["comm_rank"].astype(np.int64), peer=r["peer"].astype(np.int64),
+                 nbytes=r["bytes"].astype(np.int64),
+                 start=(r["t_start_ns"].astype(np.int64) + clock_offset_ns) / 1e9,
+                 end=(r["t_end_ns"].astype(np.int64) + clock_offset_ns) / 1e9)
+
+
+# --------------------------------------------------------------------------- matching
+@dataclass(frozen=True)
+class Instance:
+    """One matched call instance: who took part, when each arrived and left."""
+
+    group: tuple[Any, ...]  # group key: ("coll", comm) or ("p2p", comm, src, dst)
+    ranks: tuple[int, ...]
+    start: tuple[float, ...]
+    end: tuple[float, ...]
+    nbytes: int
+    op: int
+
+    @property
+    def last_arrival(self) -> float:
+        """When the last participant entered the call."""
+        return max(self.start)
+
+    def waits(self) -> tuple[float, ...]:
+        """Per participant: time spent waiting for the last arrival."""
+        la = self.last_arrival
+        return tuple(la - s for s in self.start)
+
+    def transfer(self) -> float:
+        """Time from the last arrival to the median exit: what the data movement took."""
+        la = self.last_arrival
+        return float(np.median([e - la for e in self.end]))
+
+
+def match_instances(calls: Calls) -> list[Instance]:
+    """Match calls across ranks into instances (collectives by communicator and order, p2p by pair and order).
+
+    A collective instance is kept only if every member's call is present (a window cut in the middle
+    of a call sequence leaves unmatched calls, which are dropped).
+    """
+    order = np.lexsort((calls.seq, calls.rank))
+    members: dict[int, dict[int, int]] = defaultdict(dict)  # comm -> comm_rank -> global rank
+    for i in order.tolist():
+        if calls.comm_rank[i] >= 0:
+            members[int(calls.comm[i])][int(calls.comm_rank[i])] = int(calls.rank[i])
+    coll: dict[tuple[int, int], list[int]] = defaultdict(list)  # (comm, rank) -> call indices in order
+    sends: dict[tuple[int, int, int], list[int]] = defaultdict(list)  # (comm, src, dst)
+    recvs: dict[tuple[int, int, int], list[int]] = defaultdict(list)
+    for i in order.tolist():
+        op, comm, rk = int(calls.op[i]), int(calls.comm[i]), int(calls.rank[i])
+        if op in (SEND, RECV):
+            peer = members.get(comm, {}).get(int(calls.peer[i]))
+            if peer is None:
+                continue
+            if op == SEND:
+                sends[(comm, rk, peer)].append(i)
+            else:
+                recvs[(comm, peer, rk)].append(i)
+        else:
+            coll[(comm, rk)].append(i)
+    out: list[Instance] = []
+    by_comm: dict[int, list[int]] = defaultdict(list)
+    for comm, rk in coll:
+        by_comm[comm].append(rk)
+    for comm, rks in by_comm.items():
+        size = int(calls.nranks[coll[(comm, rks[0])][0]])
+        if len(rks) < max(size, 2):
+            continue  # not every member is visible: cannot tell who waited for whom
+        rks.sort()
+        k_max = min(len(coll[(comm, r)]) for r in rks)
+        for k in range(k_max):
+            idx = [coll[(comm, r)][k] for r in rks]
+            out.append(Instance(group=("coll", comm), ranks=tuple(rks),
+                                start=tuple(float(calls.start[i]) for i in idx),
+                                end=tuple(float(calls.end[i]) for i in idx),
+                                nbytes=int(max(calls.nbytes[i] for i in idx)), op=int(calls.op[idx[0]])))
+    for key, s_list in sends.items():
+        r_list = recvs.get(key, [])
+        comm, src, dst = key
+        for si, ri in zip(s_list, r_list, strict=False):
+            out.append(Instance(group=("p2p", comm, src, dst), ranks=(src, dst),
+                                start=(float(calls.start[si]), float(calls.start[ri])),
+                                end=(float(calls.end[si]), float(calls.end[ri])),
+                                nbytes=int(calls.nbytes[si]), op=SEND))
+    return out
+
+
+# --------------------------------------------------------------------------- analysis
+@dataclass(frozen=True)
+class GroupStat:
+    """Per-group summary over the analysed window.
+
+    Attributes:
+        key: ``("coll", comm)`` or ``("p2p", comm, src, dst)``.
+        kind: Label of groups that should perform alike (op, size, role).
+        ranks: Global ranks of the members.
+        instances: Matched instances.
+        transfer_s: Median transfer time of an instance (seconds).
+        transfer_per_byte: Median transfer time per payload byte (transfer_s when bytes are unknown).
+        ratio: ``transfer_per_byte`` over the median of the same-kind groups (NaN when alone in its kind).
+        slow: Whether the group is a link suspect (ratio ≥ link_ratio).
+    """
+
+    key: tuple[Any, ...]
+    kind: str
+    ranks: tuple[int, ...]
+    instances: int
+    transfer_s: float
+    transfer_per_byte: float
+    ratio: float
+    slow: bool
+
+
+@dataclass(frozen=True)
+class RankStat:
+    """Per-rank summary over the analysed window.
+
+    Attributes:
+        rank: Global rank.
+        comm_s: Time inside communication calls (seconds).
+        outside_s: Time outside them (compute, data loading, host work).
+        wait_s: Time spent waiting for the last peer in matched instances.
+        caused_s: Waiting this rank caused others by arriving last.
+        last_fraction: Fraction of its collective instances in which it arrived last.
+        ratio: ``outside_s`` over the median of its peers' (NaN without peers).
+    """
+
+    rank: int
+    comm_s: float
+    outside_s: float
+    wait_s: float
+    caused_s: float
+    last_fraction: float
+    ratio: float
+
+
+@dataclass(frozen=True)
+class Culprit:
+    """A suspect with its evidence.
+
+    Attributes:
+        kind: ``compute`` (a rank is slow) or ``link`` (a node's link or a group's transfers are slow).
+        rank: The slow rank (compute suspects).
+        node: The node whose link is slow (link suspects; None if it could not be localised).
+        ranks: Ranks involved (the rank itself, or the members of the slow groups).
+        confidence: 0..1.
+        evidence: Figures behind the verdict, for humans and metrics.
+    """
+
+    kind: str
+    rank: int | None
+    node: int | None
+    ranks: tuple[int, ...]
+    confidence: float
+    evidence: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Analysis:
+    """Result of :func:`analyse`: culprits (most confident first) and the per-group/per-rank tables."""
+
+    culprits: list[Culprit]
+    groups: list[GroupStat]
+    ranks: list[RankStat]
+
+    @property
+    def compute(self) -> list[Culprit]:
+        """Compute suspects."""
+        return [c for c in self.culprits if c.kind == "compute"]
+
+    @property
+    def link(self) -> list[Culprit]:
+        """Link suspects."""
+        return [c for c in self.culprits if c.kind == "link"]
+
+
+def _union_time(starts: NDArray[np.float64], ends: NDArray[np.float64], lo: float, hi: float) -> float:
+    """Length of the union of intervals clipped to [lo, hi] (calls may overlap: async p2p)."""
+    if starts.size == 0:
+        return 0.0
+    o = np.argsort(starts)
+    s, e = np.clip(starts[o], lo, hi), np.clip(ends[o], lo, hi)
+    total, cur_s, cur_e = 0.0, float(s[0]), float(e[0])
+    for a, b in zip(s[1:].tolist(), e[1:].tolist(), strict=True):
+        if a > cur_e:
+            total += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    return total + cur_e - cur_s
+
+
+def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] | None = None,
+            peers_of: Callable[[int], Sequence[int]] | None = None,
+            group_role: Callable[[tuple[int, ...]], str] | None = None,
+            link_ratio: float = 1.1, compute_ratio: float = 1.1, min_instances: int = 3) -> Analysis:
+    """Name compute and link culprits from call timings.
+
+    Args:
+        calls: Call timings of every rank over the same window (wall clock).
+        node_of: Rank -> node, to localise slow links (e.g. ``Layout.node_of``); without it link suspects
+            name groups only.
+        peers_of: Rank -> ranks doing the same work (e.g. its data-parallel group); default: all ranks.
+        group_role: Group ranks -> role label ("dp", "pp", ...) so only like groups are compared.
+        link_ratio: A group is slow when its transfer per byte is at least this times its kind's median.
+        compute_ratio: A rank is slow when its time outside calls is at least this times its peers' median.
+        min_instances: Groups with fewer matched instances are not judged.
+    """
+    if link_ratio <= 1.0 or compute_ratio <= 1.0:
+        raise InputError("link_ratio and compute_ratio must be above 1")
+    if len(calls) == 0:
+        raise InputError("no calls to analyse")
+    nodes: Callable[[int], int] | None
+    if node_of is None:
+        nodes = None
+    elif isinstance(node_of, Mapping):
+        mapping = dict(node_of)
+        nodes = mapping.__getitem__
+    else:
+        nodes = node_of
+    inst = match_instances(calls)
+
+    # ---- groups and link suspects
+    per_group: dict[tuple[Any, ...], list[Instance]] = defaultdict(list)
+    for it in inst:
+        per_group[it.group].append(it)
+    raw: list[tuple[tuple[Any, ...], str, tuple[int, ...], int, float, float]] = []
+    for key, its in per_group.items():
+        if len(its) < min_instances:
+            continue
+        ranks = its[0].ranks
+        role = group_role(tuple(sorted(ranks))) if group_role is not None else ""
+        kind = f"{'p2p' if key[0] == 'p2p' else 'coll'}:{its[0].op}:{len(ranks)}:{role}"
+        tr = np.array([i.transfer() for i in its])
+        nb = np.array([i.nbytes for i in its], dtype=np.float64)
+        per_byte = tr / nb if np.all(nb > 0) else tr
+        raw.append((key, kind, ranks, len(its), float(np.median(tr)), float(np.median(per_byte))))
+    groups: list[GroupStat] = []
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for _, kind, _, _, _, pb in raw:
+        by_kind[kind].append(pb)
+    for key, kind, ranks, n, tr_s, pb in raw:
+        peers = by_kind[kind]
+        ratio = pb / float(np.median(peers)) if len(peers) >= 2 and np.median(peers) > 0 else float("nan")
+        groups.append(GroupStat(key=key, kind=kind, ranks=ranks, instances=n, transfer_s=tr_s,
+                                transfer_per_byte=pb, ratio=ratio, slow=bool(ratio >= link_ratio)))
+
+    culprits: list[Culprit] = []
+    slow = [g for g in groups if g.slow]
+    if slow:
+        culprits.extend(_localise_links(slow, [g for g in groups if not g.slow and g.ratio == g.ratio], nodes))
+
+    # ---- ranks and compute suspects
+    lo, hi = float(calls.start.min()), float(calls.end.max())
+    all_ranks = sorted(set(calls.rank.tolist()))
+    wait = defaultdict(float)
+    caused = defaultdict(float)
+    last = defaultdict(int)
+    seen = defaultdict(int)
+    for it in inst:
+        ws = it.waits()
+        for r, w in zip(it.ranks, ws, strict=True):
+            wait[r] += w
+        if it.group[0] == "coll":
+            j = int(np.argmax(it.start))
+            caused[it.ranks[j]] += sum(ws)
+            last[it.ranks[j]] += 1
+            for r in it.ranks:
+                seen[r] += 1
+    comm_s: dict[int, float] = {}
+    outside: dict[int, float] = {}
+    for r in all_ranks:
+        m = calls.rank == r
+        # Each rank's own span: ranks that start later or stop earlier are not charged for it.
+        r_lo, r_hi = max(lo, float(calls.start[m].min())), min(hi, float(calls.end[m].max()))
+        comm_s[r] = _union_time(calls.start[m], calls.end[m], r_lo, r_hi)
+        outside[r] = max(0.0, (r_hi - r_lo) - comm_s[r])
+    rank_stats: list[RankStat] = []
+    for r in all_ranks:
+        peers = [p for p in (peers_of(r) if peers_of is not None else all_ranks) if p != r and p in outside]
+        ref = float(np.median([outside[p] for p in peers])) if peers else float("nan")
+        ratio = outside[r] / ref if peers and ref > 0 else float("nan")
+        rank_stats.append(RankStat(rank=r, comm_s=comm_s[r], outside_s=outside[r], wait_s=wait[r],
+                                   caused_s=caused[r], last_fraction=last[r] / seen[r] if seen[r] else float("nan"),
+                                   ratio=ratio))
+    for rs in rank_stats:
+        if rs.ratio == rs.ratio and rs.ratio >= compute_ratio:
+            excess = min(1.0, (rs.ratio - 1.0) / 0.5)
+            lastf = rs.last_fraction if rs.last_fraction == rs.last_fraction else 0.5
+            conf = round(0.5 * excess + 0.5 * lastf, 3)
+            culprits.append(Culprit(
+                kind="compute", rank=rs.rank, node=nodes(rs.rank) if nodes is not None else None,
+                ranks=(rs.rank,), confidence=conf,
+                evidence={"outside_calls_ratio": round(rs.ratio, 3), "outside_calls_s": round(rs.outside_s, 6),
+                          "last_arrival_fraction": None if rs.last_fraction != rs.last_fraction
+                          else round(rs.last_fraction, 3), "caused_wait_s": round(rs.caused_s, 6)}))
+    culprits.sort(key=lambda c: -c.confidence)
+    return Analysis(culprits=culprits, groups=groups, ranks=rank_stats)
+
+
+def _localise_links(slow: list[GroupStat], healthy: list[GroupStat],
+                    nodes: Callable[[int], int] | None) -> list[Culprit]:
+    """Project slow groups onto nodes: the node the slow groups share and healthy groups avoid."""
+    worst = max(g.ratio for g in slow)
+    ranks = tuple(sorted({r for g in slow for r in g.ranks}))
+    ev_groups = [{"group": _key_str(g.key), "ranks": list(g.ranks), "ratio": round(g.ratio, 3)} for g in slow]
+    if nodes is None:
+        return [Culprit(kind="link", rank=None, node=None, ranks=ranks,
+                        confidence=round(min(1.0, (worst - 1.0) / 0.5), 3),
+                        evidence={"slow_groups": ev_groups})]
+    slow_sets = [{nodes(r) for r in g.ranks} for g in slow]
+    healthy_sets = [{nodes(r) for r in g.ranks} for g in healthy]
+    cand = sorted(set().union(*slow_sets))
+    scores: dict[int, float] = {}
+    for n in cand:
+        in_slow = sum(n in s for s in slow_sets) / len(slow_sets)
+        in_healthy = (sum(n in s for s in healthy_sets if len(s) > 1) / max(1, sum(len(s) > 1 for s in healthy_sets)))
+        scores[n] = in_slow - in_healthy
+    best = max(scores.values())
+    top = [n for n, s in scores.items() if s >= best - 1e-9]
+    out = []
+    for n in top:
+        conf = round(max(0.0, min(1.0, best)) * min(1.0, (worst - 1.0) / 0.3 + 0.5) / max(1, len(top)), 3)
+        out.append(Culprit(kind="link", rank=None, node=n, ranks=ranks, confidence=conf,
+                           evidence={"slow_groups": ev_groups, "node_score": round(scores[n], 3),
+                                     "intra_node": all(len(s) == 1 for s in slow_sets)}))
+    return out
+
+
+def _key_str(key: tuple[Any, ...]) -> str:
+    if key[0] == "p2p":
+        return f"p2p:{key[1]:x}:{key[2]}->{key[3]}"
+    return f"coll:{key[1]:x}"

@@ -1,0 +1,133 @@
+"""Culprit analysis on synthetic call timings: a slow rank, a slow node link, healthy jobs, bad input."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+
+from failslow.errors import InputError
+from failslow.groups import RECV, SEND, Calls, analyse, match_instances
+from failslow.topology import Layout
+
+ALLREDUCE = 1
+
+
+def simulate(layout: Layout, *, slow_rank: int | None = None, slow_factor: float = 2.0,
+             slow_node: int | None = None, link_factor: float = 3.0, iters: int = 20,
+             seed: int = 0) -> Calls:
+    """A DP x PP job: stage s computes, sends activations to s+1, then each stage all-reduces over DP.
+
+    Compute times carry 2 % jitter; a slow rank computes ``slow_factor`` times longer; every transfer that
+    touches ``slow_node`` from another node takes ``link_factor`` times longer.
+    """
+    rng = np.random.default_rng(seed)
+    cols: dict[str, list[float]] = {k: [] for k in
+                                    ("rank", "comm", "seq", "op", "nranks", "comm_rank", "peer", "nbytes",
+                                     "start", "end")}
+    seqs = dict.fromkeys(range(layout.world_size), 0)
+
+    def add(rank: int, comm: int, op: int, nranks: int, comm_rank: int, peer: int, start: float, end: float,
+            nbytes: int) -> None:
+        for k, v in (("rank", rank), ("comm", comm), ("seq", seqs[rank]), ("op", op), ("nranks", nranks),
+                     ("comm_rank", comm_rank), ("peer", peer), ("nbytes", nbytes), ("start", start),
+                     ("end", end)):
+            cols[k].append(v)
+        seqs[rank] += 1
+
+    def link_cost(ranks: tuple[int, ...], base: float) -> float:
+        nodes = {layout.node_of(r) for r in ranks}
+        return base * link_factor if slow_node is not None and slow_node in nodes and len(nodes) > 1 else base
+
+    dp_groups = layout.groups("dp")
+    pp_groups = layout.groups("pp")
+    dp_comm = {g: 1000 + i for i, g in enumerate(dp_groups)}
+    pp_comm = {g: 2000 + i for i, g in enumerate(pp_groups)}
+    t = np.zeros(layout.world_size)  # when each rank is free
+    for _ in range(iters):
+        ready = t.copy()
+        for g in pp_groups:  # one pipeline replica per pp group
+            for s, r in enumerate(g):
+                work = 0.010 * (1 + 0.02 * rng.standard_normal()) * (slow_factor if r == slow_rank else 1.0)
+                if s > 0:  # receive activations from the previous stage
+                    src = g[s - 1]
+                    send_start = ready[src]
+                    recv_start = t[r]
+                    xfer = link_cost((src, r), 0.002)
+                    done = max(send_start, recv_start) + xfer
+                    add(src, pp_comm[g], SEND, len(g), s - 1, s, send_start, done, 4096)
+                    add(r, pp_comm[g], RECV, len(g), s, s - 1, recv_start, done, 4096)
+                    ready[src] = done
+                    ready[r] = done + work
+                else:
+                    ready[r] = t[r] + work
+        for g in dp_groups:
+            arrive = max(ready[r] for r in g)
+            done = arrive + link_cost(g, 0.003)
+            for cr, r in enumerate(g):
+                add(r, dp_comm[g], ALLREDUCE, len(g), cr, -1, ready[r], done + 1e-5 * rng.random(), 1 << 20)
+                t[r] = done + 0.001
+    return Calls.from_columns(**cols)
+
+
+def _dp_peers(layout: Layout) -> Callable[[int], tuple[int, ...]]:
+    return lambda r: layout.dp_group(r)
+
+
+def _role(layout: Layout) -> Callable[[tuple[int, ...]], str]:
+    dp = {tuple(sorted(g)) for g in layout.groups("dp")}
+    return lambda ranks: "dp" if ranks in dp else "pp"
+
+
+@pytest.mark.parametrize("slow_rank", [0, 3, 5])
+def test_names_the_slow_rank_not_its_victims(slow_rank: int) -> None:
+    lay = Layout(dp=3, pp=2, ranks_per_node=1)
+    a = analyse(simulate(lay, slow_rank=slow_rank), node_of=lay.node_of, peers_of=_dp_peers(lay),
+                group_role=_role(lay))
+    assert [c.rank for c in a.compute] == [slow_rank]
+    assert a.link == []
+    top = a.culprits[0]
+    assert top.kind == "compute" and top.confidence > 0.5
+    assert top.evidence["outside_calls_ratio"] == pytest.approx(2.0, rel=0.1)
+
+
+@pytest.mark.parametrize("slow_node", [1, 4])
+def test_names_the_slow_node_link_not_its_victims(slow_node: int) -> None:
+    lay = Layout(dp=3, pp=2, ranks_per_node=1)
+    a = analyse(simulate(lay, slow_node=slow_node), node_of=lay.node_of, peers_of=_dp_peers(lay),
+                group_role=_role(lay))
+    assert a.compute == [], a.compute
+    assert [c.node for c in a.link] == [slow_node]
+    assert set(a.link[0].ranks) >= {slow_node}
+    assert all(slow_node in {lay.node_of(r) for r in g.ranks} for g in a.groups if g.slow)
+
+
+def test_healthy_job_has_no_culprit() -> None:
+    lay = Layout(dp=4, pp=2, ranks_per_node=2)
+    a = analyse(simulate(lay), node_of=lay.node_of, peers_of=_dp_peers(lay), group_role=_role(lay))
+    assert a.culprits == []
+    assert {g.kind.split(":")[0] for g in a.groups} == {"coll", "p2p"}
+
+
+def test_wait_and_transfer_split() -> None:
+    calls = Calls.from_columns(rank=[0, 1, 2], comm=[7, 7, 7], op=[1, 1, 1], nranks=[3, 3, 3],
+                               comm_rank=[0, 1, 2], start=[0.0, 1.0, 4.0], end=[5.0, 5.0, 5.0])
+    (inst,) = match_instances(calls)
+    assert inst.waits() == (4.0, 3.0, 0.0)
+    assert inst.transfer() == 1.0
+
+
+def test_incomplete_groups_are_not_matched() -> None:
+    calls = Calls.from_columns(rank=[0, 1], comm=[7, 7], op=[1, 1], nranks=[3, 3], comm_rank=[0, 1],
+                               start=[0.0, 1.0], end=[2.0, 2.0])
+    assert match_instances(calls) == []
+
+
+def test_bad_input() -> None:
+    with pytest.raises(InputError):
+        Calls.from_columns(rank=[0], start=[2.0], end=[1.0])
+    with pytest.raises(InputError):
+        analyse(Calls.from_columns(rank=[]))
+    with pytest.raises(InputError):
+        analyse(simulate(Layout(dp=2)), link_ratio=1.0)
