@@ -84,12 +84,12 @@ class CpuCgroup:
     def add(self, pid: int) -> None:
         """Move process `pid` (all its threads) into this cgroup, remembering where it was."""
         if pid not in self._origin:
-            self._origin[pid] = current_cgroup(pid, self.path.parent)
+            self._origin[pid] = current_cgroup(pid)
         self._write("cgroup.procs", pid)
 
     def release(self, pid: int) -> None:
         """Move `pid` back to the cgroup it came from (no error if it has exited)."""
-        origin = self._origin.pop(pid, self.path.parent)
+        origin = self._origin.pop(pid, CGROUP_CPU_ROOT)
         with contextlib.suppress(OSError):
             (origin / "cgroup.procs").write_text(str(pid))
 
@@ -107,6 +107,19 @@ class CpuCgroup:
         quota = max(1000, round(cpus * period_us))
         self._write("cpu.cfs_period_us", period_us)
         self._write("cpu.cfs_quota_us", quota)
+
+    def set_shares(self, shares: int) -> None:
+        """CFS weight against sibling cgroups and root-level tasks (1024 = one ordinary process)."""
+        self._write("cpu.shares", max(2, int(shares)))
+
+    def child(self, name: str) -> CpuCgroup:
+        """Create a sub-cgroup (removed with this one)."""
+        path = self.path / name
+        try:
+            path.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise CgroupError(f"cannot create {path}: {exc}") from exc
+        return CpuCgroup(path=path)
 
     def clear_quota(self) -> None:
         """Remove the cap (quota -1)."""

@@ -11,7 +11,7 @@ class ModelConfig:
     """Model and data sizes. Defaults: DP2×PP2 runs a few iterations/s on 2 CPU cores."""
 
     vocab: int = 256
-    d_model: int = 128
+    d_model: int = 192
     heads: int = 4
     layers: int = 4
     seq_len: int = 64

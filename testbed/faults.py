@@ -207,6 +207,7 @@ class CpuFault(Fault):
     quota: float = 0.3
     kind: ClassVar[str] = "cpu"
     _cg: CpuCgroup | None = field(default=None, init=False, repr=False)
+    _shared: CpuCgroup | None = field(default=None, init=False, repr=False)
 
     @property
     def target(self) -> str:
@@ -217,6 +218,14 @@ class CpuFault(Fault):
 
     def _apply(self) -> None:
         env = self._env()
+        # a target that already keeps each rank in its own cgroup (the testbed) is capped in place;
+        # otherwise the rank's processes move into a fresh cgroup for the fault's duration
+        own = getattr(env, "rank_cgroup", None)
+        cg_existing = own(self.rank) if own is not None else None
+        if cg_existing is not None:
+            cg_existing.set_quota(self.quota)
+            self._shared = cg_existing
+            return
         cg = CpuCgroup.create(f"r{self.rank}-{len(self.episodes)}", prefix=env.cgroup_prefix())
         try:
             for pid in env.rank_pids(self.rank):
@@ -228,6 +237,9 @@ class CpuFault(Fault):
         self._cg = cg
 
     def _remove(self) -> None:
+        if self._shared is not None:
+            self._shared.clear_quota()
+            self._shared = None
         if self._cg is not None:
             self._cg.destroy()
             self._cg = None

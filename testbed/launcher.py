@@ -31,6 +31,7 @@ from typing import Any
 
 from failslow.errors import InputError
 from failslow.topology import Layout
+from testbed.cgroup import CpuCgroup, cpu_controller_available
 from testbed.config import ModelConfig
 from testbed.faults import Fault, parse_spec
 from testbed.netns import NetCluster, have_root
@@ -63,9 +64,11 @@ class JobConfig:
     weight_decay: float = 0.01
     namespaces: bool | None = None  # None: when root
     placement: list[int] | None = None  # node of each rank; default rank // ranks_per_node
+    microbatches: list[int] | None = None  # per DP replica from the start; default micro_batches each
     resume_dir: str | None = None
     dump_grads_iter: int | None = None
     timeout_s: float = 300.0
+    cpu_weight: float = 4.0  # job cgroup weight in ordinary processes per rank; 0: no job cgroup
 
     def layout(self) -> Layout:
         """The parallel layout (ranks per node defaults to the TP size: one TP group per node)."""
@@ -94,6 +97,8 @@ class JobConfig:
             raise InputError("model sizes must be positive")
         if lay.world_size > 64:
             raise InputError(f"world size {lay.world_size} is too large for a testbed on this machine (max 64)")
+        if self.microbatches is not None and (len(self.microbatches) != self.dp or min(self.microbatches) < 1):
+            raise InputError(f"need {self.dp} micro-batch counts >= 1, got {self.microbatches}")
         if self.placement is not None:
             if len(self.placement) != lay.world_size:
                 raise InputError(f"placement has {len(self.placement)} entries for {lay.world_size} ranks")
@@ -167,6 +172,8 @@ class Testbed:
         self.training_start: float | None = None
         self.start_unix = time.time()
         self._closed = False
+        self.job_cgroup: CpuCgroup | None = None
+        self._rank_cgroups: dict[int, CpuCgroup] = {}
 
     # --- FaultTarget --------------------------------------------------------------------------
 
@@ -182,6 +189,10 @@ class Testbed:
         """The process of `rank`."""
         p = self.procs.get(rank)
         return [p.pid] if p is not None and p.poll() is None else []
+
+    def rank_cgroup(self, rank: int) -> CpuCgroup | None:
+        """The cgroup holding `rank`'s process (CPU faults set its quota), if the job has cgroups."""
+        return self._rank_cgroups.get(rank)
 
     def cgroup_prefix(self) -> str:
         """Cgroups of this job's faults share its prefix."""
@@ -275,17 +286,20 @@ class Testbed:
     def start(self) -> None:
         """Create the network, write the run directory and spawn the ranks."""
         cleanup()  # what dead testbeds left behind; live ones are untouched
-        for sub in ("progress", "trace", "logs"):
+        for sub in ("progress", "trace", "logs", "requests", "responses"):
             (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         if self.use_ns:
             self.net = NetCluster.create(self.num_nodes, prefix=self.prefix, state=self.state)
-        initial: dict[str, Any] = {"faults": {}}
+        initial: dict[str, Any] = {"faults": {}, "microbatches": self.config.microbatches}
         self._snapshots = []
         self._push(initial, apply_at=0)
         for f in self.faults:
             if not f.schedule.timed and f.kind in ("gc", "seqlen", "stage"):
                 f.start()
         self._segments.append({"resume_iter": 0, "placement": list(self.placement), "start_unix": time.time()})
+        (self.run_dir / "testbed.json").write_text(json.dumps({
+            "pid": os.getpid(), "prefix": self.prefix, "job": self.config.job, "layout": self.layout.to_dict(),
+            "placement": self.placement, "namespaces": self.use_ns}))
         self._spawn(self.config.resume_dir)
         for f in self.faults:
             if not f.schedule.timed and f.kind not in ("gc", "seqlen", "stage"):
@@ -324,6 +338,22 @@ class Testbed:
                 logf.close()
             self.state.add("pids", proc.pid)
             self.procs[rank] = proc
+        self._place_in_cgroups()
+
+    def _place_in_cgroups(self) -> None:
+        # One cgroup per rank under a job cgroup. The job's CPU weight keeps measurements about the
+        # injected faults rather than about whatever else loads this shared machine, and a CPU fault
+        # only has to set a quota on the rank's cgroup.
+        if not (have_root() and cpu_controller_available() and self.config.cpu_weight > 0):
+            return
+        if self.job_cgroup is None:
+            self.job_cgroup = CpuCgroup.create("job", prefix=self.prefix, state=self.state)
+            self.job_cgroup.set_shares(int(1024 * self.world_size * self.config.cpu_weight))
+        for rank, proc in self.procs.items():
+            cg = self._rank_cgroups.get(rank) or self.job_cgroup.child(f"r{rank}")
+            self._rank_cgroups[rank] = cg
+            with contextlib.suppress(Exception):
+                cg.add(proc.pid)
 
     def _log_tail(self, rank: int, n: int = 15) -> str:
         path = self.run_dir / "logs" / f"rank{rank}.seg{self._segment}.log"
@@ -411,6 +441,7 @@ class Testbed:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while not self.finished():
             self.poll()
+            self.serve_requests()
             if deadline is not None and time.monotonic() > deadline:
                 raise TestbedError(f"job did not finish within {timeout_s} s")
             time.sleep(0.05)
@@ -418,6 +449,49 @@ class Testbed:
         for f in self.faults:
             f.stop()
         return self.report()
+
+    def serve_requests(self) -> int:
+        """Answer pending requests of the run directory's file protocol (see testbed.adapter); returns how many."""
+        reqs = sorted((self.run_dir / "requests").glob("*.json"), key=lambda p: p.stat().st_mtime_ns)
+        for path in reqs:
+            try:
+                req = json.loads(path.read_text())
+                rid = str(req.get("id") or path.stem)
+            except (OSError, ValueError):
+                continue
+            path.unlink(missing_ok=True)
+            try:
+                result = self._handle(req)
+                resp: dict[str, Any] = {"id": rid, "ok": True, "result": result}
+            except (InputError, TestbedError, KeyError, TypeError, ValueError) as exc:
+                resp = {"id": rid, "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+            out = self.run_dir / "responses" / f"{rid}.json"
+            tmp = out.with_suffix(".tmp")
+            tmp.write_text(json.dumps(resp))
+            os.replace(tmp, out)
+        return len(reqs)
+
+    def _handle(self, req: dict[str, Any]) -> Any:
+        action = req.get("action")
+        if action == "status":
+            return {"layout": self.layout.to_dict(), "placement": self.placement, "completed": self.completed(),
+                    "faults": [f.spec for f in self.faults if f.active], "run_dir": str(self.run_dir)}
+        if action == "set_microbatches":
+            return self.set_microbatches(req["counts"])
+        if action == "checkpoint":
+            return self.checkpoint(req["dir"])
+        if action == "restart":
+            return self.restart(req.get("placement"), req.get("dir"))
+        if action == "inject":
+            return self.inject(req["spec"]).spec
+        if action == "remove":
+            hits = [f for f in self.faults if f.spec == req["spec"] and f.active]
+            if not hits:
+                raise InputError(f"no active fault {req['spec']!r}")
+            for f in hits:
+                self.remove(f)
+            return len(hits)
+        raise InputError(f"unknown action {action!r}")
 
     def restart(self, placement: Sequence[int] | None = None, checkpoint_dir: str | Path | None = None) -> int:
         """Checkpoint, stop the ranks and start them again from the checkpoint with a new rank-to-node placement.
@@ -515,6 +589,8 @@ class Testbed:
             with contextlib.suppress(Exception):
                 p.wait(timeout=5)
             self.state.remove("pids", p.pid)
+        if self.job_cgroup is not None:
+            self.job_cgroup.destroy()
         if self.net is not None:
             self.net.destroy()
 

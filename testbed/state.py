@@ -152,14 +152,17 @@ def kill_process(pid: int, prefix: str | None = None, grace_s: float = 3.0) -> b
     return True
 
 
-def remove_cgroup(path: Path) -> bool:
-    """Move any tasks back to the root cpu cgroup and delete the cgroup directory."""
+def remove_cgroup(path: Path, root: Path = CGROUP_CPU_ROOT) -> bool:
+    """Move any tasks to the root cpu cgroup and delete the cgroup directory (children first)."""
     if not path.is_dir():
         return False
+    for child in path.iterdir():
+        if child.is_dir():
+            remove_cgroup(child, root)
     with contextlib.suppress(OSError):
         for pid in (path / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):
-                (path.parent / "cgroup.procs").write_text(pid)
+                (root / "cgroup.procs").write_text(pid)
     for _ in range(20):
         try:
             path.rmdir()

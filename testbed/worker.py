@@ -315,6 +315,7 @@ class Rank:
         t0 = time.monotonic()
         self.opt.step()
         self.trace.add(it, OPTIM, t0, time.monotonic())
+        self.last_shape = {"seq_len": seq, "stage_factor": stage_factor}
         return sum(losses) / len(losses) if losses else None
 
     # --- checkpoint ---------------------------------------------------------------------------
@@ -349,7 +350,7 @@ class Rank:
             mbs = snap.get("microbatches") or [self.cfg["micro_batches"]] * self.layout.dp
             rec: dict[str, Any] = {"rank": self.rank, "it": it, "start": start, "end": end,
                                    "end_unix": end + mono_to_unix, "dt": end - start, "loss": loss,
-                                   "mb": mbs[self.c.dp], "faults": sorted((snap.get("faults") or {}).keys())}
+                                   "mb": mbs[self.c.dp], **self.last_shape, "faults": sorted((snap.get("faults") or {}).keys())}
             ck = snap.get("checkpoint")
             if ck and ck["after_iter"] == it:
                 self.save(Path(ck["dir"]), it + 1)

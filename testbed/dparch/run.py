@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.cgroup import CpuCgroup
-from testbed.netns import NODE_IFNAME, NetCluster, set_rate
+from testbed.netns import NODE_IFNAME, NetCluster, parse_rate, run_cmd
 
 FORMAT = "failslow-dp-profile/1"
 ARCHS = ("ring", "ps-sync", "ps-async")
@@ -51,6 +51,8 @@ class RunSpec:
     rate: str = "200mbit"
     cpu_cap: float = 1.4 / 9
     cpu_period_us: int = 10_000
+    cpu_shares: int = 8192
+    burst_bytes: int = 32_000
     steps: int = 20
     warmup: int = 4
     width: int = 256
@@ -71,9 +73,18 @@ class RunSpec:
 
 def rate_bytes_per_s(rate: str) -> float:
     """A tc rate (``200mbit``) in bytes per second."""
-    from testbed.netns import parse_rate
-
     return parse_rate(rate) / 8
+
+
+def shape(netns: str, ifname: str, rate: str, burst_bytes: int) -> None:
+    """`tc tbf` on one end of a node's link with a small bucket.
+
+    Unlike the fault injector's 10 ms bucket, ~1 ms of traffic: a bucket that refills during every
+    compute phase would send each message shorter than it at line rate, so transfer time would stop
+    being size/rate — the very thing the models (and the paper's) assume about a link.
+    """
+    run_cmd(["ip", "netns", "exec", netns, "tc", "qdisc", "replace", "dev", ifname, "root", "tbf",
+             "rate", f"{int(parse_rate(rate))}bit", "burst", str(burst_bytes), "latency", "100ms"])
 
 
 def run_job(spec: RunSpec, *, python: str | None = None) -> dict[str, Any]:
@@ -96,7 +107,7 @@ def run_job(spec: RunSpec, *, python: str | None = None) -> dict[str, Any]:
     try:
         for node in range(n):
             for netns, ifname in net.link_devices(node):
-                set_rate(netns, ifname, spec.rate)
+                shape(netns, ifname, spec.rate, spec.burst_bytes)
         init = f"tcp://{net.address(0)}:29517"
         for rank in range(n):
             cfg = {**asdict(spec), "rank": rank, "world_size": n, "init_method": init, "run_dir": str(run_dir)}
@@ -120,6 +131,9 @@ def run_job(spec: RunSpec, *, python: str | None = None) -> dict[str, Any]:
             cg = CpuCgroup.create(f"dp{rank}", prefix=net.prefix)
             cgroups.append(cg)
             cg.set_quota(spec.cpu_cap, period_us=spec.cpu_period_us)
+            # A high weight so that on a busy shared machine each process still gets its full quota
+            # (the quota, not the weight, is what bounds us: the sum of caps stays below the 2 cores).
+            (cg.path / "cpu.shares").write_text(str(spec.cpu_shares))
             cg.add(pid)
         (run_dir / "go").write_text("go")
         for p in procs:
@@ -189,6 +203,24 @@ def throughput(job: dict[str, Any]) -> float:
     raise RunError(f"no throughput for {arch!r}")
 
 
+def fit_link(calibration: dict[str, list[float]], nominal: float) -> dict[str, Any]:
+    """Fit t(s) = α + s/B_eff to reply sizes (bytes) → round-trip times, least squares on medians.
+
+    The 4-byte round trip is the request leg plus a tiny reply, so half of it is subtracted from α.
+    """
+    pts = sorted((int(s), statistics.median(v)) for s, v in calibration.items())
+    tiny = pts[0][1]
+    big = [(s, t) for s, t in pts if s > 4]
+    xs = [s for s, _ in big]
+    ys = [t for _, t in big]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    intercept = my - slope * mx
+    eff = min(1.5, 1.0 / slope / nominal) if slope > 0 else 1.0
+    return {"bandwidth_bytes_per_s": nominal, "efficiency": eff, "latency_s": max(0.0, intercept - tiny / 2),
+            "rtt_tiny_s": tiny, "points": [[s, t] for s, t in pts]}
+
+
 def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
     """The single-worker profile (format failslow-dp-profile/1) from a finished ``profile`` run."""
     spec = job["spec"]
@@ -198,11 +230,7 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
     layers = [{"name": f"{i}:{r['names'][i]}", "param_bytes": r["param_bytes"][i],
                "forward_s": statistics.fmean(s[i] for s in fwd), "backward_s": statistics.fmean(s[i] for s in bwd)}
               for i in range(n)]
-    rtt_small = statistics.median(r["rtt_small_s"])
-    rtt_big = statistics.median(r["rtt_big_s"])
-    nominal = rate_bytes_per_s(spec["rate"])
-    transfer = max(1e-9, rtt_big - rtt_small)  # the big message's extra time is pure payload
-    efficiency = min(1.5, r["big_bytes"] / transfer / nominal)
+    link = fit_link(r["calibration"], rate_bytes_per_s(spec["rate"]))
     return {
         "format": FORMAT,
         "batch_size": spec["batch_size"],
@@ -210,11 +238,11 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
         "steps": {"forward_s": fwd, "backward_s": bwd},
         "update_s": statistics.fmean(r["update_s"]),
         "accumulate_s": statistics.fmean(r["accumulate_s"]),
-        "link": {"bandwidth_bytes_per_s": nominal, "efficiency": efficiency, "latency_s": rtt_small / 2},
+        "link": {k: link[k] for k in ("bandwidth_bytes_per_s", "efficiency", "latency_s")},
         "overlap": False,
         "meta": {"source": "failslow testbed dp-scaling --profile", "rate": spec["rate"],
                  "cpu_cap": spec["cpu_cap"], "cpu_period_us": spec["cpu_period_us"],
                  "model": {"width": spec["width"], "depth": spec["depth"], "classes": spec["classes"]},
-                 "rtt_small_s": rtt_small, "rtt_big_s": rtt_big, "big_bytes": r["big_bytes"],
+                 "calibration": link,
                  "step_total_s": statistics.fmean(sum(a) + sum(b) for a, b in zip(fwd, bwd, strict=True))},
     }

@@ -224,24 +224,27 @@ def run_profile(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
         out.update(forward_s=fwds, backward_s=bwds, update_s=upd, accumulate_s=acc, param_bytes=tr.param_bytes(),
                    names=[type(b).__name__ if not isinstance(b, nn.Sequential) else "Linear+ReLU" for b in tr.model])
     dist.barrier()
+    # Link calibration: ping-pong a 1-float request against replies of several sizes, so that the
+    # profile can fit t(s) = α + s/B (latency and payload rate) over the message sizes the runs use.
     small = torch.zeros(1)
-    big = torch.zeros(tr.numel)
-    rtts: list[float] = []
-    bigs: list[float] = []
-    for i in range(cfg["calib_rounds"] * 2 + 4):
-        size_big = i % 2 == 1
-        if cfg["rank"] == 0:
-            t0 = time.perf_counter()
-            dist.send(small, dst=1)
-            dist.recv(big if size_big else small, src=1)
-            dt = time.perf_counter() - t0
-            if i >= 4:
-                (bigs if size_big else rtts).append(dt)
-        else:
-            dist.recv(small, src=0)
-            dist.send(big if size_big else small, dst=0)
+    sizes = [1] + [max(1, tr.numel // d) for d in (16, 8, 4, 2, 1)]
+    bufs = {n: torch.zeros(n) for n in sizes}
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for rnd in range(cfg["calib_rounds"] + 2):
+        for n in sizes:
+            if cfg["rank"] == 0:
+                t0 = time.perf_counter()
+                dist.send(small, dst=1)
+                dist.recv(bufs[n], src=1)
+                if rnd >= 2:
+                    times[n].append(time.perf_counter() - t0)
+            else:
+                dist.recv(small, src=0)
+                dist.send(bufs[n], dst=0)
+            if rnd >= 0:
+                time.sleep(0.02)  # let the token bucket refill, as the compute phase of a step does
     if cfg["rank"] == 0:
-        out.update(rtt_small_s=rtts, rtt_big_s=bigs, big_bytes=tr.numel * 4)
+        out["calibration"] = {str(n * 4): v for n, v in times.items()}
     return out
 
 
