@@ -309,7 +309,8 @@ class Testbed:
         cfg = self.config
         seg = self._segment
         run_cfg = {
-            "layout": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp}, "model": asdict(cfg.model), "seed": cfg.seed,
+            "layout": {"tp": cfg.tp, "pp": cfg.pp, "dp": cfg.dp, "ranks_per_node": self.layout.ranks_per_node},
+            "model": asdict(cfg.model), "seed": cfg.seed,
             "iterations": cfg.iterations, "micro_batches": cfg.micro_batches, "job": cfg.job,
             "torch_hook": cfg.torch_hook, "optimizer": {"lr": cfg.lr, "weight_decay": cfg.weight_decay},
             "resume_dir": resume_dir, "dump_grads_iter": cfg.dump_grads_iter, "timeout_s": cfg.timeout_s,

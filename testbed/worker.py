@@ -94,7 +94,7 @@ class Rank:
         self.run_dir, self.rank = run_dir, rank
         self.cfg: dict[str, Any] = json.loads((run_dir / "config.json").read_text())
         lay = self.cfg["layout"]
-        self.layout = Layout(tp=lay["tp"], pp=lay["pp"], dp=lay["dp"])
+        self.layout = Layout(tp=lay["tp"], pp=lay["pp"], dp=lay["dp"], ranks_per_node=lay.get("ranks_per_node"))
         self.c = self.layout.coords(rank)
         self.mcfg = ModelConfig(**self.cfg["model"])
         self.trace = Trace()
@@ -111,12 +111,12 @@ class Rank:
         self._say("imported")
         torch.set_num_threads(1)
         torch.manual_seed(self.cfg["seed"])
-        dist.init_process_group("gloo", rank=self.rank, world_size=self.layout.world_size,
-                                timeout=timedelta(seconds=self.cfg.get("timeout_s", 300)))
         if self.cfg.get("torch_hook"):
-            from failslow import torchhook  # imported only when asked: the hook is another team's module
+            from failslow import torchhook  # imported only when asked
 
             torchhook.install(job=self.cfg["job"], rank=self.rank, layout=self.layout)
+        dist.init_process_group("gloo", rank=self.rank, world_size=self.layout.world_size,
+                                timeout=timedelta(seconds=self.cfg.get("timeout_s", 300)))
         self._say("process group up")
         # every rank creates every group, in the same order (a torch.distributed requirement)
         self.dp_group = self.tp_group = None
@@ -371,6 +371,12 @@ def main(argv: list[str]) -> int:
     """Entry point: ``python -m testbed.worker RUN_DIR RANK``."""
     run_dir, rank = Path(argv[0]), int(argv[1])
     Rank(run_dir, rank).run()
+    if "failslow.torchhook" in sys.modules:
+        # os._exit skips the hook's atexit handler: close the ring the way it would
+        from failslow import torchhook
+
+        keep = os.environ.get("FAILSLOW_KEEP_RINGS", "").strip() not in ("", "0")
+        torchhook.uninstall(unlink=not keep)
     sys.stdout.flush()
     # skip interpreter teardown: with gloo's threads it takes seconds and everything is written
     os._exit(0)
