@@ -21,6 +21,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ideal", choices=("mean", "median"), default="mean",
                    help="idealised compute duration per op type: mean (the what-if study's definition, "
                         "default) or median (robust for small jobs where one straggler shifts the mean)")
+    p.add_argument("--equalise", choices=("all", "stage"), default="all",
+                   help="ops sharing one ideal duration: all of an op type (default; stage imbalance counts as "
+                        "straggling) or those of an op type on one stage (only DP ranks/steps equalised)")
+    p.add_argument("--launch-delays", choices=("drop", "ideal"), default="drop",
+                   help="untraced CPU gaps before ops: drop them from every timeline (the study's method, "
+                        "default) or keep them as work, idealised to the per-op-type median (CPU testbeds)")
+    p.add_argument("--skip-steps", type=int, default=0, metavar="N",
+                   help="leave out the trace's first N steps (warm-up iterations)")
     p.add_argument("--max-sim-error", type=float, default=0.05,
                    help="refuse when the simulated mean step time is off the measured one by more (default 0.05)")
 
@@ -29,14 +37,16 @@ def run(args: argparse.Namespace) -> int:
     """Analyse the trace and print the JSON result."""
     from failslow.errors import InputError
     from failslow.whatif import analyze, find_meta, read_meta, read_trace
+    from failslow.whatif.trace import select_steps
 
     if not args.max_sim_error > 0:
         raise InputError("--max-sim-error must be positive")
     meta_path = args.meta or find_meta(args.trace)
     meta = read_meta(meta_path) if meta_path else None
-    trace = read_trace(args.trace, meta)
+    trace = select_steps(read_trace(args.trace, meta), args.skip_steps)
     job = args.job or trace.meta.trial_name or Path(args.trace).name.split(".")[0]
-    result = analyze(trace, job=job, max_sim_error=args.max_sim_error, ideal=args.ideal)
+    result = analyze(trace, job=job, max_sim_error=args.max_sim_error, ideal=args.ideal,
+                     equalise=args.equalise, launch_delays=args.launch_delays)
     text = json.dumps(result.to_json(), indent=2)
     if args.out:
         from failslow.whatif.output import write_text

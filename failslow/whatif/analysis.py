@@ -44,6 +44,7 @@ class WhatIfResult:
 
     job: str
     ideal: str
+    equalise: str
     dp: int
     pp: int
     vpp: int
@@ -64,6 +65,8 @@ class WhatIfResult:
     M_S: float | None
     simulation_error: float
     simulation_error_max_step: float
+    simulation_error_without_delays: float
+    launch_delays: str
     root_cause: RootCause
     step_T: FloatArray = field(repr=False)
     step_T_ideal: FloatArray = field(repr=False)
@@ -74,6 +77,7 @@ class WhatIfResult:
         return {
             "job": self.job,
             "ideal": self.ideal,
+            "equalise": self.equalise,
             "layout": {"dp": self.dp, "pp": self.pp, "vpp": self.vpp},
             "n_ops": self.n_ops,
             "n_steps": len(self.steps),
@@ -93,6 +97,8 @@ class WhatIfResult:
             "T_ideal_s": self.T_ideal,
             "simulation_error": self.simulation_error,
             "simulation_error_max_step": self.simulation_error_max_step,
+            "simulation_error_without_delays": self.simulation_error_without_delays,
+            "launch_delays": self.launch_delays,
             "root_cause": self.root_cause.to_json(),
         }
 
@@ -105,7 +111,9 @@ def _share(t: float, t_part: float, t_ideal: float) -> float | None:
 
 
 def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_SIM_ERROR,
-            top_share: float = TOP_WORKER_SHARE, ideal: str = "mean", model: Model | None = None) -> WhatIfResult:
+            top_share: float = TOP_WORKER_SHARE, ideal: str = "mean", equalise: str = "all",
+            launch_delays: str = "drop",
+            model: Model | None = None) -> WhatIfResult:
     """Run the whole what-if analysis of a trace.
 
     Args:
@@ -116,9 +124,23 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
         top_share: fraction of workers whose idealisation M_W measures.
         ideal: idealised compute duration per op type: "mean" (the study's definition) or "median"
             (robust when one straggler is a large share of a small job's workers).
+        equalise: "all" ops of a type share one ideal duration (the study's definition) or only
+            those on one "stage" (stage partitioning imbalance is then not counted as straggling).
+        launch_delays: "drop" (the study's method: untraced CPU gaps between an op's
+            dependencies and its start are left out of every timeline, and the simulation error
+            measures them) or "ideal" (they stay in the timelines as work of their op: original in
+            the original timeline, the per op type median in the ideal one; for traces whose CPU
+            work is on the critical path but not recorded, like CPU testbeds).
         model: a dependency model already built for `trace`.
     """
-    m = model if model is not None else build_model(trace, ideal)
+    if launch_delays not in ("drop", "ideal"):
+        raise InputError(f"launch_delays must be 'drop' or 'ideal', not {launch_delays!r}")
+    m = model if model is not None else build_model(trace, ideal, equalise)
+    use_delays = launch_delays == "ideal"
+
+    def full(keep: npt.NDArray[np.bool_]) -> FloatArray:
+        dl = FullLanes(m, keep, delays=True) if use_delays else None
+        return simulate(m, FullLanes(m, keep), keep.shape[0], dl)
     meta = trace.meta
     dp, pp, n = meta.dp_size, meta.pp_size, m.n_nodes
 
@@ -131,7 +153,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     masks += [m.stage == p for p in range(pp)]
     masks.append(m.stage != pp - 1)  # M_S: idealise only the last stage
     keep = np.repeat(np.stack(masks)[:, :, None], dp, axis=2)
-    t1 = simulate(m, FullLanes(m, keep), keep.shape[0])
+    t1 = full(keep)
     step_t, step_ideal = t1[0], t1[1]
     T, T_ideal = float(step_t.mean()), float(step_ideal.mean())
     if not T_ideal > 0:
@@ -146,7 +168,8 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     # --- batch 2: one DP rank differs from the ideal (per DP rank, per worker)
     ranks = np.concatenate([np.arange(dp), np.repeat(np.arange(dp), pp)])
     stages = np.concatenate([np.ones((dp, pp), bool), np.tile(np.eye(pp, dtype=bool), (dp, 1))])
-    t2 = simulate(m, OneRankLanes(m, ranks, stages), ranks.shape[0])
+    t2 = simulate(m, OneRankLanes(m, ranks, stages), ranks.shape[0],
+                  OneRankLanes(m, ranks, stages, delays=True) if use_delays else None)
     S_dp = {d: float(t2[d].mean() / T_ideal) for d in range(dp)}
     S_w = (t2[dp:].mean(axis=1) / T_ideal).reshape(dp, pp)
 
@@ -157,13 +180,18 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     sel = np.zeros((n, dp), bool)
     for d, p in top:
         sel[m.stage == p, d] = True
-    t3 = simulate(m, FullLanes(m, (~sel)[None]), 1)
+    t3 = full((~sel)[None])
     M_W = _share(T, float(t3[0].mean()), T_ideal)
 
     step_trace = trace.step_times()
     T_trace = float(step_trace.mean())
     err = abs(T - T_trace) / T_trace if T_trace > 0 else math.inf
     err_step = float(np.max(np.abs(step_t - step_trace) / np.maximum(step_trace, 1e-12)))
+    if use_delays:  # also how far the model alone (without the measured gaps) is off
+        t0 = simulate(m, FullLanes(m, np.ones((1, n, dp), bool)), 1)[0]
+        err_nodelay = abs(float(t0.mean()) - T_trace) / T_trace if T_trace > 0 else math.inf
+    else:
+        err_nodelay = err
     if not err <= max_sim_error:
         raise InputError(
             f"simulation error {err:.1%} exceeds {max_sim_error:.0%}: the dependency model reproduces a mean "
@@ -174,7 +202,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     res_wo_cause = dict(S=S, S_t=S_t, S_stage=S_stage, S_dp=S_dp, S_w=S_w, M_W=M_W, M_S=M_S)
     cause = diagnose(m, **res_wo_cause)  # type: ignore[arg-type]
     return WhatIfResult(
-        job=job if job is not None else meta.trial_name, ideal=ideal,
+        job=job if job is not None else meta.trial_name, ideal=ideal, equalise=equalise,
         dp=dp, pp=pp, vpp=meta.vpp_size, n_ops=trace.n_ops,
         steps=tuple(int(s) for s in trace.step_ids),
         T_trace=T_trace, T=T, T_ideal=T_ideal, S=S, W=1.0 - 1.0 / S,
@@ -183,5 +211,6 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
         per_step={int(s): float(a / b) for s, a, b in zip(trace.step_ids, step_t, step_ideal, strict=True)},
         M_W=M_W, M_W_workers=top, M_S=M_S,
         simulation_error=float(err), simulation_error_max_step=err_step,
+        simulation_error_without_delays=float(err_nodelay), launch_delays=launch_delays,
         root_cause=cause, step_T=step_t, step_T_ideal=step_ideal, step_T_trace=step_trace,
     )

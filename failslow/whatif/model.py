@@ -41,6 +41,7 @@ FloatArray = npt.NDArray[np.float64]
 IntArray = npt.NDArray[np.int64]
 
 IDEAL_METHODS = ("mean", "median")
+EQUALISE = ("all", "stage")
 ISSUE_EPS = 5e-5  # s: clock jitter allowed when inferring "issued after" from timestamps
 
 
@@ -76,6 +77,9 @@ class Model:
         ideal: (N,) idealised work: per optype mean duration (compute) / median transfer (comm).
         start, end: (N, dp, steps) the trace's timestamps of every node instance.
         gmc, mb: (N,) model chunk (in the whole model) and micro-batch of compute nodes, else -1.
+        delay: (N, dp, steps) launch delay of the node's call: its start minus the latest end of
+            what it waits for (untraced CPU work; the step start for calls that wait for nothing).
+        ideal_delay: (N,) per op type median of `delay`.
         n_noops: P2P operations without a peer (not simulated).
     """
 
@@ -95,6 +99,8 @@ class Model:
     end: FloatArray
     gmc: IntArray
     mb: IntArray
+    delay: FloatArray
+    ideal_delay: FloatArray
     n_noops: int
 
     @property
@@ -154,14 +160,19 @@ def _lane_constant(name: str, values: IntArray, n_nodes: int, n_lanes: int, cell
     return grid[:, 0].copy()
 
 
-def build_model(trace: Trace, compute: str = "mean") -> Model:
+def build_model(trace: Trace, compute: str = "mean", equalise: str = "all") -> Model:
     """Build the dependency model of a validated trace; `InputError` when it cannot be modelled.
 
     Args:
         trace: a validated trace.
         compute: how compute ops are idealised, "mean" (the what-if study's definition) or
             "median" (robust when stragglers are a large share of a small job's workers).
+        equalise: which ops one ideal duration is shared by: "all" of an op type (the study's
+            definition: stage partitioning imbalance counts as straggling) or those of one op type
+            on one "stage" (only DP ranks and steps are equalised; stage imbalance is kept).
     """
+    if equalise not in EQUALISE:
+        raise InputError(f"unknown equalisation {equalise!r}; choose one of {EQUALISE}")
     if compute not in IDEAL_METHODS:
         raise InputError(f"unknown idealisation {compute!r}; choose one of {IDEAL_METHODS}")
     meta = trace.meta
@@ -242,10 +253,10 @@ def build_model(trace: Trace, compute: str = "mean") -> Model:
         comp_gmc = {}
         for v in main_list:
             if optype[v] in (tr.FWD, tr.BWD):
-                g = int(gmc[v])
-                if g < 0:
-                    g = int(mc[v]) * pp + s if mc[v] >= 0 else s
-                comp_gmc[v] = g
+                # Megatron places model chunk mc of stage s at position mc*pp + s of the model;
+                # derive it from mc (some producers fill gmc with other ids) and fall back to gmc
+                fallback = int(gmc[v]) if gmc[v] >= 0 else s
+                comp_gmc[v] = int(mc[v]) * pp + s if mc[v] >= 0 else fallback
         fwd = [v for v in main_list if optype[v] == tr.FWD]
         bwd = [v for v in main_list if optype[v] == tr.BWD]
 
@@ -383,7 +394,19 @@ def build_model(trace: Trace, compute: str = "mean") -> Model:
             latest = latest.max(axis=0, keepdims=True)
         work[mem] = np.maximum(end[mem].max(axis=0) - latest, 0.0)
 
-    ideal = idealise(work, optype, simulated, compute)
+    key = optype if equalise == "all" else optype * (pp + 1) + stage
+    ideal = idealise(work, key, optype, simulated, compute)
+
+    # launch delays: how much later a call started than its dependencies allowed
+    delay = np.zeros_like(work)
+    call_end = [end[list(c.members)].max(axis=0) for c in calls]
+    for call in calls:
+        mem = list(call.members)
+        ready = np.zeros((dp, n_steps))
+        for d in call.deps:
+            ready = np.maximum(ready, call_end[d])
+        delay[mem] = np.maximum(start[mem].min(axis=0) - ready, 0.0)
+    ideal_delay = idealise(delay, key, optype, simulated, "median")
 
     consumed = np.zeros(len(calls), dtype=bool)
     for call in calls:
@@ -391,18 +414,20 @@ def build_model(trace: Trace, compute: str = "mean") -> Model:
     sinks = tuple(int(c) for c in np.flatnonzero(~consumed))
     return Model(trace=trace, stage=stage, optype=optype, seq=seq, simulated=simulated, deps=tuple(deps_t),
                  calls=tuple(calls), node_call=node_call, events=events, sinks=sinks, work=work, ideal=ideal, start=start, end=end,
-                 gmc=gmc, mb=mb, n_noops=int((~simulated).sum()))
+                 gmc=gmc, mb=mb, delay=delay, ideal_delay=ideal_delay, n_noops=int((~simulated).sum()))
 
 
-def idealise(work: FloatArray, optype: IntArray, simulated: npt.NDArray[np.bool_],
+def idealise(work: FloatArray, key: IntArray, optype: IntArray, simulated: npt.NDArray[np.bool_],
              compute: str = "mean") -> FloatArray:
-    """Idealised work per node: per op type, the mean (or median) compute duration / median transfer."""
+    """Idealised work per node: over the nodes sharing a `key` (op type, or op type and stage), the
+    mean (or median) duration of compute ops and the median transfer of communication ops."""
     ideal = np.zeros(optype.shape[0])
-    for o in np.unique(optype).tolist():
-        sel = (optype == o) & simulated
+    for k in np.unique(key).tolist():
+        sel = (key == k) & simulated
         if not sel.any():
             continue
         vals = work[sel]
+        o = int(optype[np.argmax(sel)])
         use_median = OPTYPES[o].is_comm or compute == "median"
         ideal[sel] = float(np.median(vals)) if use_median else float(vals.mean())
     return ideal

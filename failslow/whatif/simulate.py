@@ -47,10 +47,14 @@ class WorkSource(Protocol):
 
 @dataclass(frozen=True)
 class FullLanes:
-    """Scenarios over all DP ranks: `keep[s, v, d]` keeps node v's original work on DP rank d."""
+    """Scenarios over all DP ranks: `keep[s, v, d]` keeps node v's original work on DP rank d.
+
+    `delays=True` gives the launch delays (original or idealised) instead of the work.
+    """
 
     model: Model
     keep: BoolArray  # (scenarios, nodes, dp)
+    delays: bool = False
 
     @property
     def n_lanes(self) -> int:
@@ -60,7 +64,10 @@ class FullLanes:
     def __call__(self, v: int) -> FloatArray:
         """Original work where kept, the ideal elsewhere."""
         k = self.keep[:, v, :, None]
-        return np.where(k, self.model.work[v][None], self.model.ideal[v])
+        m = self.model
+        if self.delays:
+            return np.where(k, m.delay[v][None], m.ideal_delay[v])
+        return np.where(k, m.work[v][None], m.ideal[v])
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,7 @@ class OneRankLanes:
     model: Model
     rank: IntArray  # (scenarios,)
     stages: BoolArray  # (scenarios, pp)
+    delays: bool = False
 
     @property
     def n_lanes(self) -> int:
@@ -82,14 +90,19 @@ class OneRankLanes:
         n = self.rank.shape[0]
         out = np.empty((n, self.n_lanes, m.n_steps))
         sel = self.stages[:, m.stage[v]]
-        out[:, 0, :] = np.where(sel[:, None], m.work[v][self.rank], m.ideal[v])
+        orig, ideal = (m.delay[v], m.ideal_delay[v]) if self.delays else (m.work[v], m.ideal[v])
+        out[:, 0, :] = np.where(sel[:, None], orig[self.rank], ideal)
         if self.n_lanes > 1:
-            out[:, 1, :] = m.ideal[v]
+            out[:, 1, :] = ideal
         return out
 
 
-def simulate(model: Model, source: WorkSource, n_scenarios: int) -> FloatArray:
-    """Step times (scenarios, steps) of the simulated timelines; a step starts at 0."""
+def simulate(model: Model, source: WorkSource, n_scenarios: int, delays: WorkSource | None = None) -> FloatArray:
+    """Step times (scenarios, steps) of the simulated timelines; a step starts at 0.
+
+    With `delays` (a source of the same layout giving launch delays), a call starts that long after
+    its dependencies end: untraced CPU work is kept in (or idealised out of) the timeline.
+    """
     calls = model.calls
     n = len(calls)
     # how many later events still read a call's start (its end, its peers' ends) and end (consumers)
@@ -109,7 +122,7 @@ def simulate(model: Model, source: WorkSource, n_scenarios: int) -> FloatArray:
         if not is_end:
             dv = call.deps
             if not dv:
-                starts[c] = 0.0
+                starts[c] = 0.0 if delays is None else delays(call.members[0])
                 continue
             s = ends[dv[0]]
             if len(dv) > 1:
@@ -120,7 +133,7 @@ def simulate(model: Model, source: WorkSource, n_scenarios: int) -> FloatArray:
                 end_reads[d] -= 1
                 if end_reads[d] == 0:
                     ends[d] = None  # nothing else waits for it: free the memory
-            starts[c] = s
+            starts[c] = s if delays is None else s + delays(call.members[0])
             continue
         mem = call.members
         w = source(mem[0])
@@ -146,7 +159,8 @@ def simulate(model: Model, source: WorkSource, n_scenarios: int) -> FloatArray:
     return step_end.max(axis=1)
 
 
-def simulate_timeline(model: Model, keep: BoolArray | None = None) -> tuple[FloatArray, FloatArray]:
+def simulate_timeline(model: Model, keep: BoolArray | None = None,
+                      with_delays: bool = False) -> tuple[FloatArray, FloatArray]:
     """Simulated start and end of every node instance, (nodes, dp, steps), for one scenario.
 
     `keep` (nodes, dp) selects which work stays original (default: all, the original timeline).
@@ -155,6 +169,7 @@ def simulate_timeline(model: Model, keep: BoolArray | None = None) -> tuple[Floa
     n, dp, steps = model.n_nodes, model.dp, model.n_steps
     k = np.ones((1, n, dp), bool) if keep is None else keep[None]
     src = FullLanes(model, k)
+    dsrc = FullLanes(model, k, delays=True)
     start = np.full((n, dp, steps), np.nan)
     end = np.full((n, dp, steps), np.nan)
     cs: dict[int, FloatArray] = {}
@@ -166,6 +181,8 @@ def simulate_timeline(model: Model, keep: BoolArray | None = None) -> tuple[Floa
             s = np.zeros((dp, steps))
             for d in call.deps:
                 s = np.maximum(s, ce[d])
+            if with_delays:
+                s = s + dsrc(call.members[0])[0]
             cs[c] = s
             start[list(call.members)] = s
             continue

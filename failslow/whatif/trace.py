@@ -83,6 +83,7 @@ OPTYPES: tuple[OpType, ...] = (
     _op("params-all-gather", Kind.DP_COLL),
     _op("grads-reduce-scatter", Kind.DP_COLL),
     _op("separate-grads-all-reduce", Kind.DP_COLL),
+    _op("grads-all-reduce", Kind.DP_COLL),  # plain DDP gradient all-reduce (the testbed)
     _op("layernorm-grads-all-reduce", Kind.MAIN_COLL),
     _op("embedding-grads-all-reduce", Kind.MAIN_COLL),
     _op("optimizer-clip-main-grad", Kind.MAIN_COLL),
@@ -441,3 +442,19 @@ def write_trace(path: str | Path, columns: Mapping[str, Sequence[Any] | np.ndarr
                 pcsv.write_csv(table, out)
         else:
             pcsv.write_csv(table, p)
+
+
+def select_steps(trace: Trace, skip_first: int = 0, step_ids: Sequence[int] | None = None) -> Trace:
+    """The trace without its first `skip_first` steps (warm-up), and only `step_ids` when given."""
+    keep = trace.step_index >= skip_first
+    if step_ids is not None:
+        keep &= np.isin(trace.step, np.asarray(list(step_ids), dtype=np.int64))
+    if keep.all():
+        return trace
+    if not keep.any():
+        raise InputError(f"no steps left after skipping {skip_first} of {trace.n_steps} and selecting "
+                         f"{None if step_ids is None else len(step_ids)} step ids")
+    cols: dict[str, Any] = {c: getattr(trace, {"start_ts": "start"}.get(c, c))[keep] for c in COLUMNS
+                            if c != "optype"}
+    cols["optype"] = (trace.optype[keep], [t.name for t in OPTYPES])
+    return trace_from_columns(cols, trace.meta)
