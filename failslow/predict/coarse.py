@@ -63,15 +63,16 @@ def ring_step_time(p: Profile, k: int, *, overlap: bool | None = None,
     f = _factors(k, slowdown)
     ov = p.overlap if overlap is None else overlap
     slow = float(f.max())
-    bw = p.effective_bandwidth
+    bw = p.ring_bandwidth
+    hop = p.ring_hop_latency
     if not ov:
-        comm = 0.0 if k == 1 else 2 * (k - 1) * (p.model_bytes / (k * bw) + p.latency_s)
+        comm = 0.0 if k == 1 else 2 * (k - 1) * (p.model_bytes / (k * bw) + hop)
         return float(slow * (p.forward_s.sum() + p.backward_s.sum() + p.update_s) + comm)
     t = float(slow * p.forward_s.sum())
     link_free = t
     for layer in range(p.n_layers - 1, -1, -1):
         t += slow * float(p.backward_s[layer])
-        ar = 0.0 if k == 1 else 2 * (k - 1) * (float(p.param_bytes[layer]) / (k * bw) + p.latency_s)
+        ar = 0.0 if k == 1 else 2 * (k - 1) * (float(p.param_bytes[layer]) / (k * bw) + hop)
         link_free = max(link_free, t) + ar
     return max(t, link_free) + slow * p.update_s
 

@@ -237,7 +237,7 @@ class _Job:
         link_cls = _PsLink if sharing == "ps" else _FcfsLink
         self.down = link_cls(self.sim, bw, cap, p.latency_s)
         self.up = link_cls(self.sim, bw, cap, p.latency_s)
-        self.ring = _Ring(self.sim, k, min(bw, cap), p.latency_s)
+        self.ring = _Ring(self.sim, k, min(p.ring_bandwidth, cap), p.ring_hop_latency)
         self.server = _Fifo(self.sim)
         self.workers = [_Worker(i, _Fifo(self.sim)) for i in range(k)]
         self.slowdown = slowdown

@@ -48,6 +48,9 @@ class Profile:
         link_efficiency: payload bytes/s actually achieved over nominal (TCP/IP and Ethernet headers,
             shaping granularity); the predictors use B × efficiency.
         latency_s: fixed cost of one message (software stack, round trip), paid once per transfer.
+        ring_efficiency, ring_latency_s: the same two figures for one hop of the ring all-reduce as the
+            collective library runs it (fitted from all-reduces of several sizes between two workers);
+            the point-to-point figures when the profile has none.
         update_s: the optimizer applying one gradient to the whole model (per step, on the worker for
             ring all-reduce, on the server for a parameter server).
         accumulate_s: adding one worker's gradient into the server's sum (parameter server only).
@@ -62,6 +65,8 @@ class Profile:
     bandwidth_bytes_per_s: float
     link_efficiency: float = 1.0
     latency_s: float = 0.0
+    ring_efficiency: float | None = None
+    ring_latency_s: float | None = None
     update_s: float = 0.0
     accumulate_s: float = 0.0
     step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
@@ -98,6 +103,17 @@ class Profile:
     def effective_bandwidth(self) -> float:
         """Payload bytes per second one flow gets on an idle link."""
         return self.bandwidth_bytes_per_s * self.link_efficiency
+
+    @property
+    def ring_bandwidth(self) -> float:
+        """Payload bytes per second of one ring all-reduce hop."""
+        eff = self.link_efficiency if self.ring_efficiency is None else self.ring_efficiency
+        return self.bandwidth_bytes_per_s * eff
+
+    @property
+    def ring_hop_latency(self) -> float:
+        """Fixed cost of one ring all-reduce hop."""
+        return self.latency_s if self.ring_latency_s is None else self.ring_latency_s
 
     def with_bandwidth(self, bytes_per_s: float) -> Profile:
         """The same profile on links of another nominal rate (efficiency and latency kept)."""
@@ -204,6 +220,16 @@ def parse_profile(doc: Any) -> Profile:
     if eff > 1.5:
         raise InputError(f"profile: link efficiency {eff} is implausible (payload rate over nominal rate)")
     lat = _num(link, "latency_s", "profile: link", default=0.0)
+    ar = link.get("allreduce")
+    ring_eff: float | None = None
+    ring_lat: float | None = None
+    if ar is not None:
+        if not isinstance(ar, dict):
+            raise InputError("profile: link.allreduce must be an object")
+        ring_eff = _num(ar, "efficiency", "profile: link.allreduce", positive=True)
+        if ring_eff > 1.5:
+            raise InputError(f"profile: all-reduce efficiency {ring_eff} is implausible")
+        ring_lat = _num(ar, "latency_s", "profile: link.allreduce", default=0.0)
     where = "profile"
     update = _num(doc, "update_s", where, default=0.0)
     accumulate = _num(doc, "accumulate_s", where, default=0.0)
@@ -224,7 +250,7 @@ def parse_profile(doc: Any) -> Profile:
         raise InputError("profile: 'overlap' must be true or false")
     meta = doc.get("meta", {})
     return Profile(layers=tuple(layers), batch_size=bs, bandwidth_bytes_per_s=bw, link_efficiency=eff,
-                   latency_s=lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
+                   latency_s=lat, ring_efficiency=ring_eff, ring_latency_s=ring_lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
                    step_backward_s=sb, overlap=overlap, meta=meta if isinstance(meta, dict) else {})
 
 
@@ -258,6 +284,8 @@ def profile_to_doc(p: Profile) -> dict[str, Any]:
         "overlap": p.overlap,
         "meta": p.meta,
     }
+    if p.ring_efficiency is not None:
+        doc["link"]["allreduce"] = {"efficiency": p.ring_efficiency, "latency_s": p.ring_hop_latency}
     if p.step_forward_s.size:
         doc["steps"] = {"forward_s": p.step_forward_s.tolist(), "backward_s": p.step_backward_s.tolist()}
     return doc

@@ -203,6 +203,23 @@ def throughput(job: dict[str, Any]) -> float:
     raise RunError(f"no throughput for {arch!r}")
 
 
+def _line(pts: list[tuple[int, float]]) -> tuple[float, float]:
+    """Least-squares slope and intercept of (bytes, seconds) points."""
+    xs = [s for s, _ in pts]
+    ys = [t for _, t in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return slope, my - slope * mx
+
+
+def fit_allreduce(calibration: dict[str, list[float]], nominal: float) -> dict[str, Any]:
+    """Fit one ring hop from all-reduces between two ranks: t(s) = s/B_ring + 2α_ring (K = 2)."""
+    pts = sorted((int(s), statistics.median(v)) for s, v in calibration.items())
+    slope, intercept = _line(pts)
+    eff = min(1.5, 1.0 / slope / nominal) if slope > 0 else 1.0
+    return {"efficiency": eff, "latency_s": max(0.0, intercept / 2), "points": [[s, t] for s, t in pts]}
+
+
 def fit_link(calibration: dict[str, list[float]], nominal: float) -> dict[str, Any]:
     """Fit t(s) = α + s/B_eff to reply sizes (bytes) → round-trip times, least squares on medians.
 
@@ -210,12 +227,7 @@ def fit_link(calibration: dict[str, list[float]], nominal: float) -> dict[str, A
     """
     pts = sorted((int(s), statistics.median(v)) for s, v in calibration.items())
     tiny = pts[0][1]
-    big = [(s, t) for s, t in pts if s > 4]
-    xs = [s for s, _ in big]
-    ys = [t for _, t in big]
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
-    intercept = my - slope * mx
+    slope, intercept = _line([(s, t) for s, t in pts if s > 4])
     eff = min(1.5, 1.0 / slope / nominal) if slope > 0 else 1.0
     return {"bandwidth_bytes_per_s": nominal, "efficiency": eff, "latency_s": max(0.0, intercept - tiny / 2),
             "rtt_tiny_s": tiny, "points": [[s, t] for s, t in pts]}
@@ -231,6 +243,7 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
                "forward_s": statistics.fmean(s[i] for s in fwd), "backward_s": statistics.fmean(s[i] for s in bwd)}
               for i in range(n)]
     link = fit_link(r["calibration"], rate_bytes_per_s(spec["rate"]))
+    ring = fit_allreduce(r["allreduce_calibration"], rate_bytes_per_s(spec["rate"]))
     return {
         "format": FORMAT,
         "batch_size": spec["batch_size"],
@@ -238,11 +251,12 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
         "steps": {"forward_s": fwd, "backward_s": bwd},
         "update_s": statistics.fmean(r["update_s"]),
         "accumulate_s": statistics.fmean(r["accumulate_s"]),
-        "link": {k: link[k] for k in ("bandwidth_bytes_per_s", "efficiency", "latency_s")},
+        "link": {**{k: link[k] for k in ("bandwidth_bytes_per_s", "efficiency", "latency_s")},
+                 "allreduce": {"efficiency": ring["efficiency"], "latency_s": ring["latency_s"]}},
         "overlap": False,
         "meta": {"source": "failslow testbed dp-scaling --profile", "rate": spec["rate"],
                  "cpu_cap": spec["cpu_cap"], "cpu_period_us": spec["cpu_period_us"],
                  "model": {"width": spec["width"], "depth": spec["depth"], "classes": spec["classes"]},
-                 "calibration": link,
+                 "calibration": link, "allreduce_calibration": ring,
                  "step_total_s": statistics.fmean(sum(a) + sum(b) for a, b in zip(fwd, bwd, strict=True))},
     }

@@ -141,6 +141,22 @@ def run_ring(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
     return {"step_end_s": ends, "phases_s": phases}
 
 
+def _ps_worker(tr: Trainer, steps: int) -> dict[str, Any]:
+    """A parameter-server worker: receive parameters, compute, send the gradient; phases for diagnostics."""
+    phases: list[tuple[float, float, float]] = []  # waiting for parameters, compute, sending the gradient
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        dist.recv(tr.flat_param, src=0)
+        t1 = time.perf_counter()
+        tr.load_params(tr.flat_param)
+        tr.forward_backward()
+        flat = tr.gather_grad()
+        t2 = time.perf_counter()
+        dist.send(flat, dst=0)
+        phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
+    return {"phases_s": phases}
+
+
 def run_ps_sync(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
     """Synchronous parameter server: rank 0 serves, ranks 1..K work."""
     world = cfg["world_size"]
@@ -163,12 +179,7 @@ def run_ps_sync(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
             params.add_(total, alpha=-tr.lr / len(workers))
             ends.append(time.perf_counter())
         return {"step_end_s": ends}
-    for _ in range(steps):
-        dist.recv(tr.flat_param, src=0)
-        tr.load_params(tr.flat_param)
-        tr.forward_backward()
-        dist.send(tr.gather_grad(), dst=0)
-    return {"loss": tr.last_loss}
+    return _ps_worker(tr, steps)
 
 
 def run_ps_async(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
@@ -191,12 +202,7 @@ def run_ps_async(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
             if done[src] < steps:
                 pending[src] = dist.isend(params.clone(), dst=src)
         return {"updates": updates}
-    for _ in range(steps):
-        dist.recv(tr.flat_param, src=0)
-        tr.load_params(tr.flat_param)
-        tr.forward_backward()
-        dist.send(tr.gather_grad(), dst=0)
-    return {"loss": tr.last_loss}
+    return _ps_worker(tr, steps)
 
 
 def run_profile(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
@@ -241,10 +247,21 @@ def run_profile(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
             else:
                 dist.recv(small, src=0)
                 dist.send(bufs[n], dst=0)
-            if rnd >= 0:
-                time.sleep(0.02)  # let the token bucket refill, as the compute phase of a step does
+            time.sleep(0.02)  # idle between messages, as the compute phase of a step is
+    # The same for gloo's ring all-reduce between the two ranks (t(s) = 2(s/(2B) + α) at K = 2).
+    ar_sizes = [max(1, tr.numel // d) for d in (8, 4, 2, 1)]
+    ar_times: dict[int, list[float]] = {n: [] for n in ar_sizes}
+    for rnd in range(cfg["calib_rounds"] + 2):
+        for n in ar_sizes:
+            dist.barrier()
+            time.sleep(0.02)
+            t0 = time.perf_counter()
+            dist.all_reduce(bufs[n])
+            if rnd >= 2:
+                ar_times[n].append(time.perf_counter() - t0)
     if cfg["rank"] == 0:
         out["calibration"] = {str(n * 4): v for n, v in times.items()}
+        out["allreduce_calibration"] = {str(n * 4): v for n, v in ar_times.items()}
     return out
 
 

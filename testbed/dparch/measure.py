@@ -1,0 +1,128 @@
+"""The scaling sweep: profile one worker, then measure real throughput for K workers per architecture.
+
+`python -m testbed.dparch.measure [--out docs/data/predict-measured.json]` runs the full sweep that
+docs/predict.md and the accuracy table in docs/BENCHMARKS.md are built from (K = 1…8 × ring,
+ps-sync, ps-async; about 15 minutes on the 2-core box). It is deliberately not part of `make test`.
+The profile is taken twice — before and after the sweep — and merged, so slow drift of a shared
+machine shows up in both the profile and the runs instead of only in the later runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from testbed.dparch.run import ARCHS, RunSpec, profile_doc, run_job, throughput
+
+DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "data" / "predict-measured.json"
+# Steps per run: enough measured steps for a stable mean, few enough that K = 8 with a parameter
+# server (about 1 s per step) finishes in ~15 s.
+STEPS = {"ring": 20, "ps-sync": 10, "ps-async": 16}
+WARMUP = {"ring": 4, "ps-sync": 3, "ps-async": 3}
+
+
+def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One profile from several runs of the same job: step samples pooled, scalars averaged."""
+    if len(docs) == 1:
+        return docs[0]
+    out = json.loads(json.dumps(docs[0]))
+    fwd = [row for d in docs for row in d["steps"]["forward_s"]]
+    bwd = [row for d in docs for row in d["steps"]["backward_s"]]
+    out["steps"] = {"forward_s": fwd, "backward_s": bwd}
+    for i, layer in enumerate(out["layers"]):
+        layer["forward_s"] = statistics.fmean(r[i] for r in fwd)
+        layer["backward_s"] = statistics.fmean(r[i] for r in bwd)
+    for key in ("update_s", "accumulate_s"):
+        out[key] = statistics.fmean(d[key] for d in docs)
+    for key in ("efficiency", "latency_s"):
+        out["link"][key] = statistics.fmean(d["link"][key] for d in docs)
+        out["link"]["allreduce"][key] = statistics.fmean(d["link"]["allreduce"][key] for d in docs)
+    out["meta"]["merged_from"] = len(docs)
+    return out
+
+
+def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profile: bool = True,
+          profile_twice: bool = True, steps: int | None = None, log: Callable[[str], None] = print,
+          save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Profile (optionally) and measure every (architecture, K); returns the data document.
+
+    Args:
+        base: settings shared by every run (rate, CPU cap, model).
+        archs: architectures to measure.
+        workers: worker counts.
+        profile: take the single-worker profile (before the runs, and after them if `profile_twice`).
+        profile_twice: profile again after the runs and merge the two.
+        steps: measured steps per run (default `STEPS` per architecture, warm-up `WARMUP`; with
+            `steps` the warm-up is `base.warmup`).
+        log: progress lines.
+        save: called with the document after every run (partial results survive an interruption).
+    """
+    doc: dict[str, Any] = {"format": "failslow-dp-measured/1", "spec": base.__dict__, "profiles": [],
+                           "runs": []}
+
+    def take_profile() -> None:
+        t = time.monotonic()
+        job = run_job(replace(base, arch="profile", workers=1, steps=30, warmup=3))
+        doc["profiles"].append(profile_doc(job))
+        log(f"profile: {time.monotonic() - t:.0f}s")
+
+    if profile:
+        take_profile()
+    for arch in archs:
+        for k in workers:
+            spec = replace(base, arch=arch, workers=k, steps=steps or STEPS[arch],
+                           warmup=base.warmup if steps else WARMUP[arch])
+            t = time.monotonic()
+            job = run_job(spec)
+            x = throughput(job)
+            doc["runs"].append({"arch": arch, "workers": k, "samples_per_s": x, "wall_s": time.monotonic() - t,
+                                "steps": spec.steps, "warmup": spec.warmup, "detail": _detail(job)})
+            log(f"{arch:8s} K={k}: {x:9.1f} samples/s ({time.monotonic() - t:.0f}s)")
+            if save:
+                save(doc)
+    if profile:
+        if profile_twice:
+            take_profile()
+        doc["profile"] = merge_profiles(doc["profiles"])
+    if save:
+        save(doc)
+    return doc
+
+
+def _detail(job: dict[str, Any]) -> dict[str, Any]:
+    """The per-rank timings worth keeping (diagnostics for the docs), compactly."""
+    out: dict[str, Any] = {}
+    for rank, r in job["ranks"].items():
+        if "phases_s" in r:
+            out[rank] = {"phases_mean_s": [statistics.fmean(p[i] for p in r["phases_s"]) for i in range(3)]}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m testbed.dparch.measure", description=__doc__)
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--arch", default=",".join(ARCHS))
+    ap.add_argument("--workers", default="1-8")
+    ap.add_argument("--rate", default=RunSpec.rate)
+    args = ap.parse_args(argv)
+    lo, _, hi = args.workers.partition("-")
+    workers = list(range(int(lo), int(hi or lo) + 1))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(d: dict[str, Any]) -> None:
+        args.out.write_text(json.dumps(d, indent=1) + "\n")
+
+    sweep(RunSpec(arch="ring", workers=1, rate=args.rate), args.arch.split(","), workers, save=save,
+          log=lambda s: print(s, flush=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
