@@ -68,7 +68,8 @@ class PeriodEstimate:
         confidence: In [0, 1]; how much of the gap structure (and symbol sequence) the period explains.
         boundaries: Indices of the calls that begin iterations (``phase, phase + period, ...``).
         boundary_times: Start times of those calls, seconds.
-        iteration_s: Durations of the complete iterations, ``diff(boundary_times)``.
+        iteration_s: Durations between consecutive complete iterations, measured between the mean
+            start times of their calls (see `_centroids`).
     """
 
     period: int
@@ -287,9 +288,22 @@ def _boundaries(t: FloatArray, period: int, *, confidence: float) -> PeriodEstim
         med[0] = float(np.median(first)) if len(first) else med[0]
     phase = int(np.argmax(med))
     b = np.arange(phase, len(t), period, dtype=np.int64)
-    bt = t[b]
+    complete = b[b + period <= len(t)]
     return PeriodEstimate(period=period, phase=phase, confidence=min(1.0, max(0.0, confidence)),
-                          boundaries=b, boundary_times=bt, iteration_s=np.diff(bt))
+                          boundaries=b, boundary_times=t[b], iteration_s=np.diff(_centroids(t, complete, period)))
+
+
+def _centroids(t: FloatArray, starts: IntArray, period: int) -> FloatArray:
+    """Mean start time of the calls of each iteration (iterations begin at ``starts``).
+
+    Differences of centroids are iteration durations in which every call of the iteration votes, not
+    only the boundary call: the jitter of one call's timing is divided by the period, and over any
+    run of iterations the durations still add up exactly (they telescope).
+    """
+    if len(starts) == 0:
+        return np.empty(0)
+    cs = np.concatenate(([0.0], np.cumsum(t - t[0])))
+    return np.asarray((cs[starts + period] - cs[starts]) / period + t[0], dtype=np.float64)
 
 
 @dataclass(frozen=True)
@@ -336,6 +350,7 @@ class PeriodTracker:
     min_repeats: int = 4
     refresh: int = 2048
     _t: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
+    _te: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
     _keys: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty((0, 0), dtype=np.int64), repr=False)
     _base: int = 0  # absolute index of _t[0]
     _seg: int = 0  # absolute index where the current stationary stretch starts
@@ -374,6 +389,7 @@ class PeriodTracker:
         t_start: npt.ArrayLike,
         *features: npt.ArrayLike,
         seq: npt.ArrayLike | None = None,
+        t_end: npt.ArrayLike | None = None,
     ) -> PeriodVerdict:
         """Add calls (in order) and report iterations completed by them.
 
@@ -383,6 +399,9 @@ class PeriodTracker:
                 integer-valued; the same features in the same order on every update.
             seq: Optional per-call sequence numbers; a jump means records were lost, so the stretch
                 restarts after it rather than mixing calls across the hole.
+            t_end: Optional call end times (NaN where unknown). When known, iterations are measured
+                between the ends of their last calls; otherwise between the mean start times of
+                their calls.
 
         Raises:
             InputError: lengths differ, times are not finite, or the feature count changes.
@@ -413,11 +432,19 @@ class PeriodTracker:
             if len(holes):
                 changed |= self._restart(new_start + int(holes[-1]))
             self._last_seq = int(sq[-1])
+        if t_end is None:
+            te = np.full(len(t), np.nan)
+        else:
+            te = np.asarray(t_end, dtype=np.float64).reshape(-1)
+            if len(te) != len(t):
+                raise InputError("PeriodTracker.update: t_end and t_start differ in length")
         self._t = np.concatenate((self._t, t))
+        self._te = np.concatenate((self._te, te))
         self._keys = np.concatenate((self._keys, keys))
         if len(self._t) > self.buffer:
             drop = len(self._t) - self.buffer
-            self._t, self._keys, self._base = self._t[drop:], self._keys[drop:], self._base + drop
+            self._t, self._te, self._keys = self._t[drop:], self._te[drop:], self._keys[drop:]
+            self._base += drop
             self._seg = max(self._seg, self._base)
         self._since_est += len(t)
 
@@ -567,30 +594,35 @@ class PeriodTracker:
         last = self._last_b
         if last < self._base:  # fell out of the buffer (should not happen with sane buffer sizes)
             last = self._base + ((self._anchor - self._base) % p)
-        b = np.arange(last, end, p, dtype=np.int64)
-        if len(b) < 2:
+        starts = np.arange(last, end - p + 1, p, dtype=np.int64)  # complete iterations only
+        if len(starts) < 2:
             return
         # Gap-profile check: two consecutive iterations that do not look like the template mean the
         # schedule changed; restart estimation at the first of them and report neither.
-        bad = self._iteration_corr(b[:-1]) < self._corr_min
+        bad = self._iteration_corr(starts) < self._corr_min
+        bad[0] = False  # already accepted as the reference of the previous emission
         pair = np.flatnonzero(bad[:-1] & bad[1:])
+        restart_at = None
         if len(pair):
-            b = b[: pair[0] + 1]
-            restart_at = int(b[-1])
+            restart_at = int(starts[pair[0]])
+            starts = starts[: pair[0]]
         elif bad[-1]:
-            b = b[:-1]  # wait for the next iteration to tell a blip from a change
-            restart_at = None
-        else:
-            restart_at = None
-        if len(b) >= 2:
-            bt = self._t[b - self._base]
-            d = np.diff(bt)
+            starts = starts[:-1]  # wait for the next iteration to tell a blip from a change
+        if len(starts) >= 2:
+            last_calls = starts + p - 1 - self._base
+            te = self._te[last_calls]
+            # The end of an iteration's last call sits right before the optimizer step and the next
+            # iteration's start: the marker closest to where the trainer's own step ends.
+            by_end = bool(np.isfinite(te).all())
+            c = te if by_end else _centroids(self._t, starts - self._base, p)
+            d = np.diff(c)
+            ends = c[1:] if by_end else self._t[last_calls[1:]]
             out_s.extend(float(x) for x in d)
-            out_t.extend(float(x) for x in bt[1:])
-            self._recent.extend(out_s[-len(d):])
+            out_t.extend(float(x) for x in ends)
+            self._recent.extend(float(x) for x in d)
             self._total += len(d)
-            self._last_end = float(bt[-1])
-            self._last_b = int(b[-1])
+            self._last_end = float(ends[-1])
+            self._last_b = int(starts[-1])
         if restart_at is not None:
             self._restart(restart_at)
             self._changed_by_gaps = True

@@ -304,15 +304,22 @@ def group_kind(layout: Layout, rank: int, comm: ObservedComm) -> str:
     """Which parallel group of ``rank`` a communicator is: ``tp``, ``cp``, ``dp``, ``pp``, ``world`` or ``unknown``.
 
     A communicator matches a group when its size and the rank's position in it agree with the layout
-    (positions follow the group order of `Layout.tp_group` etc.); one with Send/Recv peers is only
-    matched to the pipeline group. When several groups fit (TP = DP and the rank sits at the same
+    (positions follow the group order of `Layout.tp_group` etc.); one with Send/Recv peers is matched
+    to the pipeline group first, a collective one to tp/cp/dp first. When several groups fit (TP = DP and the rank sits at the same
     position in both) the candidates are joined with ``|`` in axis order, e.g. ``tp|dp``.
     """
     if comm.nranks == layout.world_size and comm.comm_rank == rank:
         return "world"
     c = layout.coords(rank)
-    kinds = ("pp",) if comm.peers else ("tp", "cp", "dp", "pp")
-    hits = [k for k in kinds if getattr(layout, k) == comm.nranks > 1 and getattr(c, k) == comm.comm_rank]
+
+    def fits(k: str) -> bool:
+        return bool(getattr(layout, k) == comm.nranks > 1 and getattr(c, k) == comm.comm_rank)
+
+    # Send/Recv mark a pipeline group; collectives prefer the other axes (pipeline groups rarely
+    # carry collectives) and fall back to it.
+    hits = ["pp"] if comm.peers and fits("pp") else [k for k in ("tp", "cp", "dp") if fits(k)]
+    if not hits and fits("pp"):
+        hits = ["pp"]
     return "|".join(hits) if hits else "unknown"
 
 

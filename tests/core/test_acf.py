@@ -137,3 +137,22 @@ def test_bad_input_raises() -> None:
     with pytest.raises(InputError):
         tr.update([2.0], [1], [2])  # feature count changed
     assert estimate_period([1.0, 2.0]) is None  # too short to hold repeats
+
+
+def test_call_end_times_mark_iterations() -> None:
+    # With call end times the marker is the end of each iteration's last call: durations telescope to
+    # the true time between iteration ends.
+    tr = ps.generate([ps.pp_1f1b(2, 4, 6)], [50], seed=9, jitter=0.05)
+    t = PeriodTracker()
+    v = t.update(tr.t_start, tr.op, tr.comm, tr.nbytes, t_end=tr.t_start + tr.duration)
+    assert v.period == tr.period[0]
+    ends = v.iteration_end_t
+    # each reported end is the end of the same call of every iteration: a fixed distance before the
+    # true iteration end, up to the jitter of the compute in between
+    true_ends = tr.iter_end
+    k = np.searchsorted(true_ends, ends)
+    lag = true_ends[k] - ends
+    assert np.all(lag > 0) and np.ptp(lag) < 0.02
+    assert abs(v.iteration_s.mean() / np.mean(np.diff(true_ends[k])) - 1) < 0.01
+    with pytest.raises(InputError):
+        t.update([1.0], [1], [1], [1], t_end=[1.0, 2.0])
