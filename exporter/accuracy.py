@@ -1,0 +1,105 @@
+"""Scores the exporter's iteration times against a trainer's own measurements (testbed report).
+
+What it is for: the accuracy target (exporter iteration time within 1.2% of the trainer's ground
+truth) is checked by replaying each rank's ring through the exporter's per-rank logic, as successive
+polls would see it, and comparing every value the ``failslow_iteration_duration_seconds`` gauge would
+have shown (the mean over the last ``window`` iterations) with the trainer's mean over the same
+iterations.
+
+Alignment: the exporter marks an iteration at the end of its last communication call, the trainer at
+the end of its optimizer step; both are once per iteration, so exporter iteration ``j`` is trainer
+iteration ``j + shift`` for one constant shift, found as the median offset of nearest end times.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exporter.collectors.ring import replay_ring
+from failslow.errors import InputError
+from failslow.ring import find_rings
+
+
+@dataclass(frozen=True)
+class RankAccuracy:
+    """How well one rank's exporter series matched the trainer.
+
+    Attributes:
+        rank: Global rank.
+        period: Calls per iteration found.
+        iterations: Exporter iterations matched to trainer iterations.
+        windows: Gauge values compared (one per iteration once ``window`` iterations exist).
+        mean_abs_err_pct: Mean over those gauge values of ``|exporter / trainer - 1|`` in percent.
+        max_abs_err_pct: Largest such error.
+        run_err_pct: Error of the mean over all matched iterations (signed, percent).
+        trainer_mean_s: Trainer's mean iteration time over the matched iterations.
+    """
+
+    rank: int
+    period: int | None
+    iterations: int
+    windows: int
+    mean_abs_err_pct: float
+    max_abs_err_pct: float
+    run_err_pct: float
+    trainer_mean_s: float
+
+
+def score_rank(history: list[tuple[float, float]], truth_s: list[float], truth_end_unix_s: list[float], *,
+               window: int = 20, skip: int = 2) -> tuple[int, int, float, float, float, float]:
+    """Compare emitted iterations (duration, end time) with the trainer's (pure).
+
+    Returns ``(iterations, windows, mean_abs_err_pct, max_abs_err_pct, run_err_pct, trainer_mean_s)``.
+    The first ``skip`` trainer iterations (warm-up, compilation, first touches) are left out.
+
+    Raises:
+        InputError: nothing to compare.
+    """
+    if not history or not truth_s:
+        raise InputError("score_rank: no iterations to compare")
+    h = np.asarray(history, dtype=np.float64)
+    gt = np.asarray(truth_s, dtype=np.float64)
+    ge = np.asarray(truth_end_unix_s, dtype=np.float64)
+    nearest = np.abs(ge[None, :] - h[:, 1][:, None]).argmin(axis=1)
+    shift = int(np.round(np.median(nearest - np.arange(len(h)))))
+    k = np.arange(len(h)) + shift
+    ok = (k >= skip) & (k < len(gt))
+    est, tru = h[ok, 0], gt[k[ok]]
+    if len(est) == 0:
+        raise InputError("score_rank: no exporter iteration overlaps the trainer's")
+    errs = []
+    for j in range(window, len(est) + 1):
+        errs.append(abs(est[j - window:j].mean() / tru[j - window:j].mean() - 1) * 100)
+    e = np.asarray(errs) if errs else np.asarray([abs(est.mean() / tru.mean() - 1) * 100])
+    return (len(est), len(errs), float(e.mean()), float(e.max()), float((est.mean() / tru.mean() - 1) * 100),
+            float(tru.mean()))
+
+
+def score_run(ring_dir: Path, report: dict[str, Any], *, window: int = 20, chunk: int = 256) -> list[RankAccuracy]:
+    """Score every ring in ``ring_dir`` (kept after the job with ``FAILSLOW_KEEP_RINGS=1``) against ``report``.
+
+    Raises:
+        InputError: no rings, or a ring whose rank the report does not have.
+    """
+    rings = find_rings(ring_dir)
+    if not rings:
+        raise InputError(f"no rings in {ring_dir}")
+    out = []
+    for path in rings:
+        tr = replay_ring(path, chunk=chunk, window=window)
+        try:
+            r = tr.header.rank
+            truth = report["iteration_time_s"][str(r)]
+            ends = report["iteration_end_unix_s"][str(r)]
+        except KeyError:
+            tr.close()
+            raise InputError(f"report has no iterations of rank {tr.header.rank} ({path.name})") from None
+        n, w, mean_e, max_e, run_e, tmean = score_rank(tr.history or [], truth, ends, window=window)
+        out.append(RankAccuracy(rank=r, period=tr.period, iterations=n, windows=w, mean_abs_err_pct=mean_e,
+                                max_abs_err_pct=max_e, run_err_pct=run_e, trainer_mean_s=tmean))
+        tr.close()
+    return sorted(out, key=lambda a: a.rank)
