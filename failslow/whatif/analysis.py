@@ -11,7 +11,8 @@ Analysis"):
   T_X keeps only X's original durations and idealises the rest: the slowdown X alone causes.
 * Per-step slowdown: the same ratio per step.
 * M_W: the share of the slowdown (T - T_ideal) removed by idealising only the top 3% of workers by
-  S_w; M_S: the same for the last pipeline stage.
+  S_w; M_S: the same for the last pipeline stage. S_fix_top = T / T with only those workers
+  idealised: how much faster the job would run without its worst stragglers.
 * Simulation error: |T - T_trace| / T_trace, where T_trace is the measured mean step time. The
   analysis refuses (InputError) above `max_sim_error` (5%), because the model then does not explain
   the trace.
@@ -62,6 +63,7 @@ class WhatIfResult:
     per_step: dict[int, float]
     M_W: float | None
     M_W_workers: tuple[tuple[int, int], ...]
+    T_fix_top: float  # T with only the M_W workers idealised
     M_S: float | None
     simulation_error: float
     simulation_error_max_step: float
@@ -91,6 +93,7 @@ class WhatIfResult:
             "per_step": {str(k): v for k, v in self.per_step.items()},
             "M_W": self.M_W,
             "M_W_workers": [{"dp_rank": d, "pp_rank": p} for d, p in self.M_W_workers],
+            "S_fix_top": self.T / self.T_fix_top,
             "M_S": self.M_S,
             "T_trace_s": self.T_trace,
             "T_sim_s": self.T,
@@ -200,7 +203,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
 
     S = T / T_ideal
     res_wo_cause = dict(S=S, S_t=S_t, S_stage=S_stage, S_dp=S_dp, S_w=S_w, M_W=M_W, M_S=M_S)
-    cause = diagnose(m, **res_wo_cause)  # type: ignore[arg-type]
+    cause = diagnose(m, **res_wo_cause)
     return WhatIfResult(
         job=job if job is not None else meta.trial_name, ideal=ideal, equalise=equalise,
         dp=dp, pp=pp, vpp=meta.vpp_size, n_ops=trace.n_ops,
@@ -209,7 +212,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
         S_t=dict(sorted(S_t.items(), key=lambda kv: -kv[1])),
         S_dp=S_dp, S_stage=S_stage, S_w=S_w,
         per_step={int(s): float(a / b) for s, a, b in zip(trace.step_ids, step_t, step_ideal, strict=True)},
-        M_W=M_W, M_W_workers=top, M_S=M_S,
+        M_W=M_W, M_W_workers=top, T_fix_top=float(t3[0].mean()), M_S=M_S,
         simulation_error=float(err), simulation_error_max_step=err_step,
         simulation_error_without_delays=float(err_nodelay), launch_delays=launch_delays,
         root_cause=cause, step_T=step_t, step_T_ideal=step_ideal, step_T_trace=step_trace,

@@ -28,6 +28,7 @@ The transfer duration of a member is its end minus the latest start among the gr
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -150,9 +151,9 @@ def _dense(trace: Trace) -> tuple[IntArray, IntArray, IntArray, IntArray, IntArr
 
 
 def _lane_constant(name: str, values: IntArray, n_nodes: int, n_lanes: int, cell: IntArray) -> IntArray:
-    grid = np.empty(n_nodes * n_lanes, dtype=np.int64)
-    grid[cell] = values
-    grid = grid.reshape(n_nodes, n_lanes)
+    flat = np.empty(n_nodes * n_lanes, dtype=np.int64)
+    flat[cell] = values
+    grid = flat.reshape(n_nodes, n_lanes)
     if np.any(grid != grid[:, :1]):
         v = int(np.flatnonzero(np.any(grid != grid[:, :1], axis=1))[0])
         raise InputError(f"inconsistent trace: column {name} of an operation differs between steps/DP ranks "
@@ -180,12 +181,12 @@ def build_model(trace: Trace, compute: str = "mean", equalise: str = "all") -> M
     n_nodes = int(stage.shape[0])
     dp, n_steps = meta.dp_size, trace.n_steps
     n_lanes = dp * n_steps
-    start = np.empty(n_nodes * n_lanes)
-    start[cell] = trace.start
-    start = start.reshape(n_nodes, dp, n_steps)
-    dur = np.empty(n_nodes * n_lanes)
-    dur[cell] = trace.duration
-    dur = dur.reshape(n_nodes, dp, n_steps)
+    flat = np.empty(n_nodes * n_lanes)
+    flat[cell] = trace.start
+    start = flat.reshape(n_nodes, dp, n_steps)
+    flat = np.empty(n_nodes * n_lanes)
+    flat[cell] = trace.duration
+    dur = flat.reshape(n_nodes, dp, n_steps)
     end = start + dur
     mc = _lane_constant("mc", trace.mc, n_nodes, n_lanes, cell)
     gmc = _lane_constant("gmc", trace.gmc, n_nodes, n_lanes, cell)
@@ -261,12 +262,13 @@ def build_model(trace: Trace, compute: str = "mean", equalise: str = "all") -> M
         bwd = [v for v in main_list if optype[v] == tr.BWD]
 
         # --- P2P: match each send/recv with its compute op, chain the four streams
-        for ot, comps, need_fn, is_send, direction in (
+        need_fns: tuple[tuple[int, list[int], Callable[[int], bool], bool, int], ...] = (
             (tr.FSEND, fwd, lambda g: g < n_chunks - 1, True, 0),
             (tr.FRECV, fwd, lambda g: g > 0, False, 0),
             (tr.BSEND, bwd, lambda g: g > 0, True, 1),
             (tr.BRECV, bwd, lambda g: g < n_chunks - 1, False, 1),
-        ):
+        )
+        for ot, comps, need_fn, is_send, direction in need_fns:
             comm = on_stage[optype[on_stage] == ot]
             comm = comm[np.argsort(seq[comm], kind="stable")].tolist()
             for a, b in itertools.pairwise(comm):

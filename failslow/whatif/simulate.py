@@ -20,7 +20,7 @@ layouts exist:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -66,8 +66,10 @@ class FullLanes:
         k = self.keep[:, v, :, None]
         m = self.model
         if self.delays:
-            return np.where(k, m.delay[v][None], m.ideal_delay[v])
-        return np.where(k, m.work[v][None], m.ideal[v])
+            out: FloatArray = np.where(k, m.delay[v][None], m.ideal_delay[v])
+        else:
+            out = np.where(k, m.work[v][None], m.ideal[v])
+        return out
 
 
 @dataclass(frozen=True)
@@ -106,14 +108,15 @@ def simulate(model: Model, source: WorkSource, n_scenarios: int, delays: WorkSou
     calls = model.calls
     n = len(calls)
     # how many later events still read a call's start (its end, its peers' ends) and end (consumers)
-    start_reads = [1 + len(c.peers) for c in calls]
+    start_reads = [1 + len(cl.peers) for cl in calls]
     end_reads = [0] * n
-    for c in calls:
-        for d in c.deps:
+    for cl in calls:
+        for d in cl.deps:
             end_reads[d] += 1
     sinks = set(model.sinks)
-    starts: list[FloatArray | float | None] = [None] * n
-    ends: list[FloatArray | None] = [None] * n
+    # Any: numpy's stubs cannot follow the None-when-freed bookkeeping
+    starts: list[Any] = [None] * n
+    ends: list[Any] = [None] * n
     step_end = np.zeros((n_scenarios, source.n_lanes, model.n_steps))
 
     for e in model.events:
@@ -126,9 +129,9 @@ def simulate(model: Model, source: WorkSource, n_scenarios: int, delays: WorkSou
                 continue
             s = ends[dv[0]]
             if len(dv) > 1:
-                s = np.maximum(s, ends[dv[1]])  # type: ignore[arg-type]
+                s = np.maximum(s, ends[dv[1]])
                 for d in dv[2:]:
-                    np.maximum(s, ends[d], out=s)  # type: ignore[arg-type]
+                    np.maximum(s, ends[d], out=s)
             for d in dv:
                 end_reads[d] -= 1
                 if end_reads[d] == 0:
@@ -142,13 +145,13 @@ def simulate(model: Model, source: WorkSource, n_scenarios: int, delays: WorkSou
         latest = starts[c]
         if call.is_comm:
             for p in call.peers:
-                latest = np.maximum(latest, starts[p])  # type: ignore[call-overload]
+                latest = np.maximum(latest, starts[p])
                 start_reads[p] -= 1
                 if start_reads[p] == 0:
                     starts[p] = None
             if call.dp_sync and source.n_lanes > 1 and isinstance(latest, np.ndarray):
                 latest = latest.max(axis=1, keepdims=True)
-        end = latest + w  # type: ignore[operator]
+        end = latest + w
         start_reads[c] -= 1
         if start_reads[c] == 0:
             starts[c] = None
@@ -156,7 +159,8 @@ def simulate(model: Model, source: WorkSource, n_scenarios: int, delays: WorkSou
             np.maximum(step_end, end, out=step_end)
         else:
             ends[c] = end
-    return step_end.max(axis=1)
+    result: FloatArray = step_end.max(axis=1)
+    return result
 
 
 def simulate_timeline(model: Model, keep: BoolArray | None = None,

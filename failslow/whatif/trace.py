@@ -165,11 +165,12 @@ class Trace:
         """Measured time of each step: last end minus first start over all its operations."""
         end = self.start + self.duration
         n = self.n_steps
-        hi = np.full(n, -np.inf)
+        hi: FloatArray = np.full(n, -np.inf)
         lo = np.full(n, np.inf)
         np.maximum.at(hi, self.step_index, end)
         np.minimum.at(lo, self.step_index, self.start)
-        return hi - lo
+        out: FloatArray = hi - lo
+        return out
 
 
 def parse_meta(doc: Mapping[str, Any]) -> JobMeta:
