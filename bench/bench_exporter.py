@@ -73,7 +73,8 @@ def bench_acf() -> list[str]:
 
 
 def _write_ring(d: Path, pid: int, rank: int, records: int) -> None:
-    tr = ps.generate([ps.pp_1f1b(rank % 4, 4, 8, dp_allreduce=True)], [records // 30 + 2], seed=rank)
+    tmpl = ps.pp_1f1b(rank % 4, 4, 8, dp_allreduce=True)
+    tr = ps.generate([tmpl], [records // len(tmpl[0]) + 2], seed=rank)
     w = RingWriter.create(directory=d, job="bench", rank=rank, world_size=8, layout={"dp": 2, "pp": 4, "tp": 1},
                           pid=pid, capacity=16384)
     base = time.monotonic_ns()
