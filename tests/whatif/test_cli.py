@@ -56,14 +56,26 @@ def test_hot_path_imports_neither_pandas_nor_matplotlib(st_dir: Path) -> None:
     assert p.stdout.split() == ["0", "False", "False"], p.stderr
 
 
-def test_bad_inputs_exit_2_with_a_message(failslow_cmd: list[str], st_dir: Path, tmp_path: Path) -> None:
-    p = _run(failslow_cmd, str(tmp_path / "missing.parquet"))
-    assert p.returncode == 2 and "failslow whatif:" in p.stderr and "does not exist" in p.stderr
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    # in-process through the real dispatcher: same exit codes and messages, no interpreter start-up
+    from failslow_cli.main import main
+
+    try:
+        rc = main(["whatif", *args])
+    except SystemExit as exc:  # argparse
+        rc = int(exc.code or 0)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_bad_inputs_exit_2_with_a_message(capsys, st_dir: Path, tmp_path: Path) -> None:
+    rc, _, err = _main(capsys, str(tmp_path / "missing.parquet"))
+    assert rc == 2 and "failslow whatif:" in err and "does not exist" in err
 
     broken = tmp_path / "broken.csv"
     broken.write_text("dp_rank,stage\n0,0\n")
-    p = _run(failslow_cmd, str(broken))
-    assert p.returncode == 2 and "lacks column" in p.stderr
+    rc, _, err = _main(capsys, str(broken))
+    assert rc == 2 and "lacks column" in err
 
     # a trace missing one operation in one step: inconsistent
     st = generate(SynthConfig(dp=2, pp=2, micro_batches=2, steps=2, seed=4))
@@ -74,23 +86,28 @@ def test_bad_inputs_exit_2_with_a_message(failslow_cmd: list[str], st_dir: Path,
     cols = {k: (v[keep] if k != "optype" else (codes[keep], names)) for k, v in cols.items()}
     holey = tmp_path / "holey.parquet"
     write_trace(holey, cols)
-    p = _run(failslow_cmd, str(holey))
-    assert p.returncode == 2 and "inconsistent trace" in p.stderr
+    rc, _, err = _main(capsys, str(holey))
+    assert rc == 2 and "inconsistent trace" in err
 
     # metadata that contradicts the trace
     (tmp_path / "m").mkdir()
     meta = tmp_path / "m" / "meta.yaml"
     meta.write_text("dp_size: 1\npp_size: 4\n")
-    p = _run(failslow_cmd, str(st_dir / "trace-ST.parquet"), "--meta", str(meta))
-    assert p.returncode == 2 and "dp_rank out of range" in p.stderr
+    rc, _, err = _main(capsys, str(st_dir / "trace-ST.parquet"), "--meta", str(meta))
+    assert rc == 2 and "dp_rank out of range" in err
 
     # a trace the model cannot explain (large untraced gaps) is refused, unless allowed
     gappy = tmp_path / "gappy.parquet"
     write_trace(gappy, generate(SynthConfig(dp=2, pp=2, micro_batches=4, steps=2, launch_delay=0.004)).columns)
-    p = _run(failslow_cmd, str(gappy))
-    assert p.returncode == 2 and "simulation error" in p.stderr
-    p = _run(failslow_cmd, str(gappy), "--max-sim-error", "0.9")
-    assert p.returncode == 0 and json.loads(p.stdout)["simulation_error"] > 0.05
+    rc, _, err = _main(capsys, str(gappy))
+    assert rc == 2 and "simulation error" in err
+    rc, out, _ = _main(capsys, str(gappy), "--max-sim-error", "0.9")
+    assert rc == 0 and json.loads(out)["simulation_error"] > 0.05
+    # keeping the gaps as (idealised) work explains the trace
+    rc, out, _ = _main(capsys, str(gappy), "--launch-delays", "ideal")
+    assert rc == 0 and json.loads(out)["simulation_error"] < 0.01
 
-    p = _run(failslow_cmd, str(st_dir / "trace-ST.parquet"), "--ideal", "mode")
-    assert p.returncode == 2  # argparse
+    rc, _, _ = _main(capsys, str(st_dir / "trace-ST.parquet"), "--ideal", "mode")
+    assert rc == 2  # argparse
+    rc, _, err = _main(capsys, str(st_dir / "trace-ST.parquet"), "--skip-steps", "40")
+    assert rc == 2 and "no steps left" in err
