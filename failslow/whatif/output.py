@@ -72,15 +72,17 @@ def write_heatmap(result: WhatIfResult, path: str | Path, title: str | None = No
     fig_h = min(1.5 + 0.35 * dp, 24.0)
     fig, ax = plt.subplots(figsize=(fig_w, fig_h))
     try:
-        im = ax.imshow(sw, cmap="Reds", aspect="auto", vmin=min(1.0, float(sw.min())),
-                       vmax=max(float(sw.max()), 1.0 + 1e-3), interpolation="nearest")
+        vmin, vmax = min(1.0, float(sw.min())), max(float(sw.max()), 1.0 + 1e-3)
+        im = ax.imshow(sw, cmap="Reds", aspect="auto", vmin=vmin, vmax=vmax, interpolation="nearest")
         ax.set_xlabel("PP rank (stage)")
         ax.set_ylabel("DP rank")
         ax.set_title(title or f"what-if S_w  (S = {result.S:.3f}, {result.root_cause.verdict})", fontsize=9)
         if dp * pp <= 256:
             for d in range(dp):
                 for p in range(pp):
-                    ax.text(p, d, f"{sw[d, p]:.3f}", ha="center", va="center", fontsize=7)
+                    dark = (sw[d, p] - vmin) / (vmax - vmin) > 0.6  # white text on dark cells
+                    ax.text(p, d, f"{sw[d, p]:.3f}", ha="center", va="center", fontsize=7,
+                            color="white" if dark else "black")
         if pp <= 32:
             ax.set_xticks(range(pp))
         if dp <= 32:
