@@ -76,6 +76,8 @@ _DTYPES: Final[dict[str, int]] = {
     "torch.float8_e4m3fn": 10, "torch.float8_e5m2": 11,
 }
 
+_DTYPE_CACHE: dict[Any, int] = {}  # torch.dtype -> code, filled on first sight (str() per call is slow)
+
 _DEFAULT_SUSPEND_TIMEOUT_MS: Final[int] = 30_000
 
 
@@ -113,17 +115,22 @@ class _Hook:
         self.originals: dict[tuple[Any, str], Any] = {}
         self.writer: RingWriter | None = None
         self.writer_pid = 0
+        self.writer_ok = False  # writer is this process's and usable; reset in forked children
         self.lock = threading.Lock()
         self.comms: dict[Any, CommInfo] = {}
         self.tls = threading.local()
+        from torch.distributed import distributed_c10d
+
+        self.c10d = distributed_c10d
 
     # -- ring ---------------------------------------------------------------------------------------
     def get_writer(self) -> RingWriter | None:
-        w = self.writer
-        if w is not None and self.writer_pid == os.getpid():
-            return w
+        """This process's ring writer, created at the first call; None if the ring cannot be made."""
+        pid = os.getpid()
+        if self.writer_pid == pid:
+            return self.writer
         with self.lock:
-            if self.writer is not None and self.writer_pid == os.getpid():
+            if self.writer_pid == pid:
                 return self.writer
             import torch.distributed as dist
 
@@ -138,22 +145,32 @@ class _Hook:
                 self.writer = RingWriter.create(directory=self.directory, job=self.job, rank=rank,
                                                 world_size=ws, layout=self.layout, capacity=self.capacity,
                                                 producer=ring.Producer.TORCH, tag=tag)
-            except Exception:  # tracking must never break training
+            except Exception:  # tracking must never break training: give up recording in this process
                 self.writer = None
-                self.writer_pid = pid
-                return None
             self.writer_pid = pid
+            self.writer_ok = self.writer is not None
             return self.writer
+
+    def after_fork_in_child(self) -> None:
+        # the parent's ring belongs to the parent: the child makes its own at its first call
+        self.writer = None
+        self.writer_ok = False
+        self.writer_pid = 0
 
     # -- groups -------------------------------------------------------------------------------------
     def comm_info(self, group: Any) -> CommInfo | None:
-        from torch.distributed import distributed_c10d as c10d
-
-        pg = c10d._get_default_group() if group is None else group
+        if group is None:
+            pg = self.c10d._world._default_pg
+            if pg is None:
+                return None
+        else:
+            pg = group
         info = self.comms.get(pg)
         if info is not None:
             return info
         import torch.distributed as dist
+
+        c10d = self.c10d
 
         if pg == c10d.GroupMember.NON_GROUP_MEMBER:
             return None
@@ -190,7 +207,11 @@ def _numel_bytes(x: Any) -> tuple[int, int, int]:
             dt = dt1 if dt == ring.DTYPE_UNKNOWN else dt
         return n, b, dt
     n = int(x.numel())
-    return n, n * int(x.element_size()), _DTYPES.get(str(x.dtype), ring.DTYPE_UNKNOWN)
+    dt = x.dtype
+    code = _DTYPE_CACHE.get(dt)
+    if code is None:
+        code = _DTYPE_CACHE[dt] = _DTYPES.get(str(dt), ring.DTYPE_UNKNOWN)
+    return n, n * int(x.element_size()), code
 
 
 class _ArgReader:
@@ -228,64 +249,76 @@ def _suspend_wait(w: RingWriter) -> int:
     return int(Flag.SUSPENDED)
 
 
+_HOST: Final[int] = int(Flag.HOST_TIMES)
+_ASYNC: Final[int] = int(Flag.ASYNC)
+_ERROR: Final[int] = int(Flag.ERROR)
+_SUSPEND: Final[int] = int(Control.SUSPEND)
+
+
 def _make_wrapper(h: _Hook, name: str, orig: Callable[..., Any]) -> Callable[..., Any]:
     op, tensor_arg, peer_args = _SPECS[name]
     reader = _ArgReader(orig)
     always_async = name in _ALWAYS_ASYNC
+    tls = h.tls
+    mono = time.monotonic_ns
+    is_recv = op == Op.RECV
+    op_i = int(op)
 
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        tls = h.tls
         if getattr(tls, "depth", 0):
             return orig(*args, **kwargs)  # nested inside a recorded call: recorded once, outside
-        t0 = time.monotonic_ns()
+        t0 = mono()
         try:
-            w = h.get_writer()
-            group = reader.get(args, kwargs, "group")
-            info = h.comm_info(group) if w is not None else None
+            w = h.writer if h.writer_ok else h.get_writer()
+            info = h.comm_info(reader.get(args, kwargs, "group")) if w is not None else None
         except Exception:
             w, info = None, None
         if w is None or info is None:
             return orig(*args, **kwargs)
-        extra_flags = 0
-        if w.control() & Control.SUSPEND:
-            extra_flags = _suspend_wait(w)
-            t0 = time.monotonic_ns()
+        flags = _HOST
+        if w.control() & _SUSPEND:
+            flags |= _suspend_wait(w)
+            t0 = mono()
         is_async = always_async or bool(reader.get(args, kwargs, "async_op"))
-        seq = 0
+        if is_async:
+            flags |= _ASYNC
+        peer = -1
         try:
             count, nbytes, dtype = _numel_bytes(reader.get(args, kwargs, tensor_arg)) if tensor_arg else (0, 0, 255)
-            peer = -1
             if peer_args is not None:
                 g = reader.get(args, kwargs, peer_args[1])
                 if g is None:
                     glob = reader.get(args, kwargs, peer_args[0])
                     g = info.global_to_group.get(int(glob), -1) if glob is not None else -1
                 peer = int(g)
-            seq = w.begin(op, info.comm, info.nranks, info.comm_rank, peer, count, nbytes, dtype, t0, t0,
-                          flags=int(Flag.HOST_TIMES) | (int(Flag.ASYNC) if is_async else 0) | extra_flags)
+            tid = getattr(tls, "tid", 0)
+            if not tid:
+                tid = tls.tid = threading.get_native_id()
+            seq = w.begin(op_i, info.comm, info.nranks, info.comm_rank, peer, count, nbytes, dtype, t0, t0,
+                          flags=flags, tid=tid)
         except Exception:
             seq = 0
         tls.depth = 1
         try:
             result = orig(*args, **kwargs)
         except BaseException:
-            t1 = time.monotonic_ns()
+            t1 = mono()
             if seq:
-                w.finish(seq, t_end_ns=t1, t_return_ns=t1, add_flags=int(Flag.ERROR))
+                w.finish(seq, t_end_ns=t1, t_return_ns=t1, add_flags=_ERROR)
             raise
         finally:
             tls.depth = 0
-        t1 = time.monotonic_ns()
+        t1 = mono()
         if not seq:
             return result
         if not is_async:
             got_peer = None
-            if op == Op.RECV and peer == -1 and isinstance(result, int) and result >= 0:
+            if is_recv and peer == -1 and isinstance(result, int) and result >= 0:
                 got_peer = info.global_to_group.get(result, -1)
             w.finish(seq, t_end_ns=t1, t_return_ns=t1, peer=got_peer)
             return result
         if result is None:  # not part of the group after all
-            w.finish(seq, t_return_ns=t1, add_flags=int(Flag.ERROR))
+            w.finish(seq, t_return_ns=t1, add_flags=_ERROR)
             return result
         return _track_completion(w, seq, t1, result)
 
@@ -528,6 +561,7 @@ def install(job: str | None = None, rank: int | None = None, layout: Any = None,
                         h.originals[(mod, name)] = cur
                     setattr(mod, name, wrap)
         _hook = h
+        os.register_at_fork(after_in_child=h.after_fork_in_child)
         import atexit
 
         atexit.register(_at_exit)
