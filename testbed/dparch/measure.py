@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from testbed.dparch.run import ARCHS, RunSpec, profile_doc, run_job, throughput
+from testbed.dparch.run import ARCHS, RunSpec, profile_doc, run_pool, throughput
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "data" / "predict-measured.json"
 # Steps per run: enough measured steps for a stable mean, few enough that K = 8 with a parameter
@@ -62,34 +62,30 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
         steps: measured steps per run (default `STEPS` per architecture, warm-up `WARMUP`; with
             `steps` the warm-up is `base.warmup`).
         log: progress lines.
-        save: called with the document after every run (partial results survive an interruption).
+        save: called with the finished document.
     """
     doc: dict[str, Any] = {"format": "failslow-dp-measured/1", "spec": base.__dict__, "profiles": [],
                            "runs": []}
-
-    def take_profile() -> None:
-        t = time.monotonic()
-        job = run_job(replace(base, arch="profile", workers=1, steps=30, warmup=3))
-        doc["profiles"].append(profile_doc(job))
-        log(f"profile: {time.monotonic() - t:.0f}s")
-
-    if profile:
-        take_profile()
+    prof = replace(base, arch="profile", workers=1, steps=30, warmup=3)
+    specs = [prof] if profile else []
     for arch in archs:
         for k in workers:
-            spec = replace(base, arch=arch, workers=k, steps=steps or STEPS[arch],
-                           warmup=base.warmup if steps else WARMUP[arch])
-            t = time.monotonic()
-            job = run_job(spec)
-            x = throughput(job)
-            doc["runs"].append({"arch": arch, "workers": k, "samples_per_s": x, "wall_s": time.monotonic() - t,
-                                "steps": spec.steps, "warmup": spec.warmup, "detail": _detail(job)})
-            log(f"{arch:8s} K={k}: {x:9.1f} samples/s ({time.monotonic() - t:.0f}s)")
-            if save:
-                save(doc)
+            specs.append(replace(base, arch=arch, workers=k, steps=steps or STEPS[arch],
+                                 warmup=base.warmup if steps else WARMUP[arch]))
+    if profile and profile_twice:
+        specs.append(prof)
+    t = time.monotonic()
+    jobs = run_pool(specs)
+    log(f"{len(specs)} runs in {time.monotonic() - t:.0f}s")
+    for spec, job in zip(specs, jobs, strict=True):
+        if spec.arch == "profile":
+            doc["profiles"].append(profile_doc(job))
+            continue
+        x = throughput(job)
+        doc["runs"].append({"arch": spec.arch, "workers": spec.workers, "samples_per_s": x, "steps": spec.steps,
+                            "warmup": spec.warmup, "detail": _detail(job)})
+        log(f"{spec.arch:8s} K={spec.workers}: {x:9.1f} samples/s")
     if profile:
-        if profile_twice:
-            take_profile()
         doc["profile"] = merge_profiles(doc["profiles"])
     if save:
         save(doc)

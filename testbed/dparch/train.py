@@ -1,21 +1,23 @@
-"""One process of a data-parallel scaling run: a worker, a parameter server, or the profiler.
+"""One process of a data-parallel scaling sweep: worker, parameter server or profiler, job after job.
 
-Run by `testbed.dparch.run` inside a node's network namespace as
-``python -m testbed.dparch.train CONFIG_JSON``. The config names the role and the rendezvous; the
-process imports torch, joins the gloo process group, writes ``ready-<rank>`` into the run directory
-and waits for ``go`` — by then the orchestrator has put it into its CPU cgroup, so start-up (torch
-import, rendezvous) runs uncapped and only training is capped. Results go to ``result-<rank>.json``.
+Run by `testbed.dparch.run.run_pool` inside a node's network namespace as
+``python -m testbed.dparch.train CONFIG_JSON``. The process imports torch, joins the gloo world,
+writes ``ready-<rank>`` into the run directory and waits for ``go`` — by then the orchestrator has put
+it into its CPU cgroup, so start-up (torch import, rendezvous) runs uncapped and only training is
+capped. It then works through the config's schedule: each job is a gloo subgroup of the first ranks
+(for a parameter server the first member serves); ranks outside it wait at a world barrier. Results
+of all jobs go to ``result-<rank>.json``.
 
 Architectures (all over torch.distributed with the gloo backend, whole-model messages, no overlap):
 
 * ``ring``: every rank is a worker; after backward the flat gradient is all-reduced (gloo's ring
   algorithm), averaged and applied locally.
-* ``ps-sync``: rank 0 is the server. Each step it sends the flat parameters to every worker at once,
+* ``ps-sync``: the first member is the server. Each step it sends the flat parameters to every worker at once,
   then receives every worker's flat gradient, sums them, applies the mean, and starts the next step.
-* ``ps-async``: rank 0 is the server. It receives gradients from any worker, applies each at once and
+* ``ps-async``: the first member is the server. It receives gradients from any worker, applies each at once and
   sends that worker the fresh parameters; workers never wait for each other.
-* ``profile``: rank 0 trains alone (per-layer forward/backward timing), then measures the link with
-  rank 1 (latency by small ping-pong, payload rate by model-sized transfers).
+* ``profile``: the first member trains alone (per-layer forward/backward timing), then measures the
+  link with the second: ping-pong with replies of several sizes, and all-reduces of several sizes.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,18 +125,34 @@ def _barrier_files(run_dir: Path, rank: int) -> None:
         time.sleep(0.01)
 
 
-def run_ring(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
+@dataclass
+class Ctx:
+    """Where one scheduled run happens: the members (global ranks, server first) and their group."""
+
+    rank: int
+    members: list[int]
+    group: Any
+    steps: int
+    warmup: int
+    calib_rounds: int
+
+    @property
+    def total(self) -> int:
+        return self.warmup + self.steps
+
+
+def run_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
     """All-reduce data parallel; returns per-step end times (perf_counter) on this rank."""
-    world = cfg["world_size"]
+    world = len(c.members)
     ends: list[float] = []
     phases: list[tuple[float, float, float]] = []  # compute, all-reduce, update (diagnostics)
-    for _ in range(cfg["warmup"] + cfg["steps"]):
+    for _ in range(c.total):
         t0 = time.perf_counter()
         tr.forward_backward()
         flat = tr.gather_grad()
         t1 = time.perf_counter()
         if world > 1:
-            dist.all_reduce(flat)
+            dist.all_reduce(flat, group=c.group)
         t2 = time.perf_counter()
         tr.apply_flat_grad(flat, 1.0 / world)
         ends.append(time.perf_counter())
@@ -141,80 +160,80 @@ def run_ring(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
     return {"step_end_s": ends, "phases_s": phases}
 
 
-def _ps_worker(tr: Trainer, steps: int) -> dict[str, Any]:
+def _ps_worker(c: Ctx, tr: Trainer) -> dict[str, Any]:
     """A parameter-server worker: receive parameters, compute, send the gradient; phases for diagnostics."""
+    server = c.members[0]
     phases: list[tuple[float, float, float]] = []  # waiting for parameters, compute, sending the gradient
-    for _ in range(steps):
+    for _ in range(c.total):
         t0 = time.perf_counter()
-        dist.recv(tr.flat_param, src=0)
+        dist.recv(tr.flat_param, src=server, group=c.group)
         t1 = time.perf_counter()
         tr.load_params(tr.flat_param)
         tr.forward_backward()
         flat = tr.gather_grad()
         t2 = time.perf_counter()
-        dist.send(flat, dst=0)
+        dist.send(flat, dst=server, group=c.group)
         phases.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
     return {"phases_s": phases}
 
 
-def run_ps_sync(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
-    """Synchronous parameter server: rank 0 serves, ranks 1..K work."""
-    world = cfg["world_size"]
-    workers = list(range(1, world))
-    steps = cfg["warmup"] + cfg["steps"]
-    if cfg["rank"] == 0:
-        params = torch.cat([p.detach().reshape(-1) for p in tr.params])
-        bufs = {w: torch.zeros(tr.numel) for w in workers}
-        total = torch.zeros(tr.numel)
-        ends: list[float] = []
-        for _ in range(steps):
-            sends = [dist.isend(params, dst=w) for w in workers]
-            recvs = [dist.irecv(bufs[w], src=w) for w in workers]
-            for s in sends:
-                s.wait()
-            total.zero_()
-            for w, r in zip(workers, recvs, strict=True):
-                r.wait()
-                total.add_(bufs[w])
-            params.add_(total, alpha=-tr.lr / len(workers))
-            ends.append(time.perf_counter())
-        return {"step_end_s": ends}
-    return _ps_worker(tr, steps)
+def run_ps_sync(c: Ctx, tr: Trainer) -> dict[str, Any]:
+    """Synchronous parameter server: the first member serves, the others work."""
+    if c.rank != c.members[0]:
+        return _ps_worker(c, tr)
+    workers = c.members[1:]
+    params = torch.cat([p.detach().reshape(-1) for p in tr.params])
+    bufs = {w: torch.zeros(tr.numel) for w in workers}
+    total = torch.zeros(tr.numel)
+    ends: list[float] = []
+    for _ in range(c.total):
+        sends = [dist.isend(params, dst=w, group=c.group) for w in workers]
+        recvs = [dist.irecv(bufs[w], src=w, group=c.group) for w in workers]
+        for s in sends:
+            s.wait()
+        total.zero_()
+        for w, r in zip(workers, recvs, strict=True):
+            r.wait()
+            total.add_(bufs[w])
+        params.add_(total, alpha=-tr.lr / len(workers))
+        ends.append(time.perf_counter())
+    return {"step_end_s": ends}
 
 
-def run_ps_async(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
+def run_ps_async(c: Ctx, tr: Trainer) -> dict[str, Any]:
     """Asynchronous parameter server: gradients applied as they come, fresh parameters sent back."""
-    world = cfg["world_size"]
-    workers = list(range(1, world))
-    steps = cfg["warmup"] + cfg["steps"]
-    if cfg["rank"] == 0:
-        params = torch.cat([p.detach().reshape(-1) for p in tr.params])
-        pending = {w: dist.isend(params.clone(), dst=w) for w in workers}
-        done = dict.fromkeys(workers, 0)
-        buf = torch.zeros(tr.numel)
-        updates: list[tuple[int, float]] = []
-        for _ in range(steps * len(workers)):
-            src = dist.recv(buf)
-            params.add_(buf, alpha=-tr.lr)
-            done[src] += 1
-            updates.append((src, time.perf_counter()))
-            pending[src].wait()
-            if done[src] < steps:
-                pending[src] = dist.isend(params.clone(), dst=src)
-        return {"updates": updates}
-    return _ps_worker(tr, steps)
+    if c.rank != c.members[0]:
+        return _ps_worker(c, tr)
+    workers = c.members[1:]
+    params = torch.cat([p.detach().reshape(-1) for p in tr.params])
+    pending = {w: dist.isend(params.clone(), dst=w, group=c.group) for w in workers}
+    done = dict.fromkeys(workers, 0)
+    buf = torch.zeros(tr.numel)
+    updates: list[tuple[int, float]] = []
+    for _ in range(c.total * len(workers)):
+        src = dist.recv(buf, group=c.group)
+        if src not in done:  # a group rank rather than a global one
+            src = dist.get_global_rank(c.group, src)
+        params.add_(buf, alpha=-tr.lr)
+        done[src] += 1
+        updates.append((workers.index(src) + 1, time.perf_counter()))
+        pending[src].wait()
+        if done[src] < c.total:
+            pending[src] = dist.isend(params.clone(), dst=src, group=c.group)
+    return {"updates": updates}
 
 
-def run_profile(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
-    """Rank 0: per-layer single-worker profile, then link calibration against rank 1."""
+def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
+    """First member: per-layer single-worker profile, then link calibration against the second."""
     out: dict[str, Any] = {}
-    if cfg["rank"] == 0:
+    me, peer = c.members[0], c.members[1]
+    if c.rank == me:
         fwds: list[list[float]] = []
         bwds: list[list[float]] = []
         upd: list[float] = []
         acc: list[float] = []
         other = torch.zeros(tr.numel)
-        for i in range(cfg["warmup"] + cfg["steps"]):
+        for i in range(c.total):
             f, b = tr.forward_backward(timing=True)
             t0 = time.perf_counter()
             flat = tr.gather_grad()
@@ -222,47 +241,50 @@ def run_profile(cfg: dict[str, Any], tr: Trainer) -> dict[str, Any]:
             t1 = time.perf_counter()
             other.add_(flat)
             t2 = time.perf_counter()
-            if i >= cfg["warmup"]:
+            if i >= c.warmup:
                 fwds.append(f)
                 bwds.append(b)
                 upd.append(t1 - t0)
                 acc.append(t2 - t1)
         out.update(forward_s=fwds, backward_s=bwds, update_s=upd, accumulate_s=acc, param_bytes=tr.param_bytes(),
                    names=[type(b).__name__ if not isinstance(b, nn.Sequential) else "Linear+ReLU" for b in tr.model])
-    dist.barrier()
+    dist.barrier(group=c.group)
     # Link calibration: ping-pong a 1-float request against replies of several sizes, so that the
     # profile can fit t(s) = α + s/B (latency and payload rate) over the message sizes the runs use.
     small = torch.zeros(1)
     sizes = [1] + [max(1, tr.numel // d) for d in (16, 8, 4, 2, 1)]
     bufs = {n: torch.zeros(n) for n in sizes}
     times: dict[int, list[float]] = {n: [] for n in sizes}
-    for rnd in range(cfg["calib_rounds"] + 2):
+    for rnd in range(c.calib_rounds + 2):
         for n in sizes:
-            if cfg["rank"] == 0:
+            if c.rank == me:
                 t0 = time.perf_counter()
-                dist.send(small, dst=1)
-                dist.recv(bufs[n], src=1)
+                dist.send(small, dst=peer, group=c.group)
+                dist.recv(bufs[n], src=peer, group=c.group)
                 if rnd >= 2:
                     times[n].append(time.perf_counter() - t0)
             else:
-                dist.recv(small, src=0)
-                dist.send(bufs[n], dst=0)
+                dist.recv(small, src=me, group=c.group)
+                dist.send(bufs[n], dst=me, group=c.group)
             time.sleep(0.02)  # idle between messages, as the compute phase of a step is
     # The same for gloo's ring all-reduce between the two ranks (t(s) = 2(s/(2B) + α) at K = 2).
     ar_sizes = [max(1, tr.numel // d) for d in (8, 4, 2, 1)]
     ar_times: dict[int, list[float]] = {n: [] for n in ar_sizes}
-    for rnd in range(cfg["calib_rounds"] + 2):
+    for rnd in range(c.calib_rounds + 2):
         for n in ar_sizes:
-            dist.barrier()
+            dist.barrier(group=c.group)
             time.sleep(0.02)
             t0 = time.perf_counter()
-            dist.all_reduce(bufs[n])
+            dist.all_reduce(bufs[n], group=c.group)
             if rnd >= 2:
                 ar_times[n].append(time.perf_counter() - t0)
-    if cfg["rank"] == 0:
+    if c.rank == me:
         out["calibration"] = {str(n * 4): v for n, v in times.items()}
         out["allreduce_calibration"] = {str(n * 4): v for n, v in ar_times.items()}
     return out
+
+
+RUNNERS = {"ring": run_ring, "ps-sync": run_ps_sync, "ps-async": run_ps_async, "profile": run_profile}
 
 
 def main(argv: list[str]) -> int:
@@ -271,24 +293,31 @@ def main(argv: list[str]) -> int:
     run_dir = Path(cfg["run_dir"])
     rank = cfg["rank"]
     dist.init_process_group("gloo", init_method=cfg["init_method"], rank=rank, world_size=cfg["world_size"],
-                            timeout=datetime.timedelta(seconds=300))
+                            timeout=datetime.timedelta(seconds=600))
     tr = Trainer(cfg)
-    # One untimed exchange so gloo's lazy connections are up before the clock starts.
     dist.barrier()
     _barrier_files(run_dir, rank)
-    t_start = time.perf_counter()
-    arch = cfg["arch"]
-    fn = {"ring": run_ring, "ps-sync": run_ps_sync, "ps-async": run_ps_async, "profile": run_profile}[arch]
-    res = fn(cfg, tr)
-    res["t_start"] = t_start
-    res["rank"] = rank
-    res["loss"] = tr.last_loss
+    results: list[dict[str, Any] | None] = []
+    for item in cfg["schedule"]:
+        members = list(item["members"])
+        # Every rank takes part in creating every group (a collective), members or not.
+        group = dist.new_group(ranks=members) if len(members) < cfg["world_size"] else dist.group.WORLD
+        res: dict[str, Any] | None = None
+        if rank in members:
+            dist.barrier(group=group)  # connections up before the clock starts
+            c = Ctx(rank=rank, members=members, group=group, steps=item["steps"], warmup=item["warmup"],
+                    calib_rounds=cfg["calib_rounds"])
+            t_start = time.perf_counter()
+            res = RUNNERS[item["arch"]](c, tr)
+            res["t_start"] = t_start
+            res["loss"] = tr.last_loss
+        results.append(res)
+        dist.barrier()
+    (run_dir / f"result-{rank}.json").write_text(json.dumps({"results": results}))
     dist.barrier()
     dist.destroy_process_group()
-    (run_dir / f"result-{rank}.json").write_text(json.dumps(res))
     return 0
 
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))
-
