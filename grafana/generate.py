@@ -90,7 +90,7 @@ OVERVIEW: list[tuple[str, list[P]]] = [
              instant=True, table=True)],
           description="Per-rank slowdown ratio: compute time per iteration over its pipeline stage's lower quartile "
                       "(max over TP ranks). Rows: pp_rank, columns: dp_rank. 1 = healthy; RankStraggler fires "
-                      "above 1.2 for 3m.",
+                      "above 1.2 (2-minute median) for 2m.",
           thresholds=RATIO_STEPS, transformations=_matrix("pp_rank", "dp_rank"), options=_grid_options(),
           custom={"cellOptions": {"type": "color-background"}, "align": "center"}),
         P("What-if worker slowdown S_w (DP×PP)", "table",

@@ -192,3 +192,97 @@ def recording_rules() -> list[dict[str, Any]]:
         for g in yaml.safe_load(f.read_text())["groups"]:
             out.extend(r for r in g["rules"] if "record" in r)
     return out
+
+
+# --- the whole alert path: testbed job -> exporter -> Prometheus -> detector -> Alertmanager -> webhook ---
+
+REDIS = "/usr/bin/redis-server"
+
+
+@contextmanager
+def redis_server(workdir: Path, port: int, *, timeout: float = 20.0) -> Iterator[Service]:
+    """Run a private redis-server on 127.0.0.1:`port` (no persistence), stopped by PID."""
+    require_binary(REDIS)
+    workdir.mkdir(parents=True, exist_ok=True)
+    log = workdir / "redis.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                 "--appendonly", "no", "--dir", str(workdir)], stdout=out, stderr=subprocess.STDOUT)
+    svc = Service(proc, f"redis://127.0.0.1:{port}/0", log)
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"redis-server exited ({proc.returncode}):\n{log.read_text()[-2000:]}")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+                    s.sendall(b"PING\r\n")
+                    if s.recv(16).startswith(b"+PONG"):
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server not ready after {timeout}s")
+            time.sleep(0.1)
+        yield svc
+    finally:
+        svc.stop()
+
+
+@dataclass
+class Webhook:
+    """One POST the stand-in remediator received, with the wall time it arrived."""
+
+    t: float
+    path: str
+    auth: str | None
+    body: dict[str, Any]
+
+
+class WebhookReceiver:
+    """A real HTTP server standing in for the remediator's /api/v1/alerts."""
+
+    def __init__(self) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        self.posts: list[Webhook] = []
+        self.on_post: Any = None
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                t = time.time()
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))) or b"{}")
+                hook = Webhook(t, self.path, self.headers.get("Authorization"), body)
+                outer.posts.append(hook)
+                if outer.on_post is not None:
+                    outer.on_post(hook)
+                self.send_response(200)
+                self.end_headers()
+
+            def log_message(self, *_a: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = int(self.server.server_address[1])
+        self.url = f"http://127.0.0.1:{self.port}/api/v1/alerts"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def alerts(self, alertname: str, status: str, job: str) -> list[tuple[float, dict[str, Any]]]:
+        """(arrival time, alert) for every delivered alert with this name, status and training job."""
+        return [(h.t, a) for h in self.posts for a in h.body.get("alerts", [])
+                if a["labels"].get("alertname") == alertname and a["status"] == status
+                and a["labels"].get("job") == job]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def failslow_cli() -> list[str]:
+    """argv prefix of the installed `failslow` CLI next to this interpreter."""
+    import sys
+
+    exe = Path(sys.executable).parent / "failslow"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "failslow_cli"]

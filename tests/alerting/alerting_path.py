@@ -1,0 +1,255 @@
+"""Run the whole alert path once: testbed job -> exporter -> Prometheus -> detector -> Alertmanager -> webhook.
+
+Used by tests/integration/test_alert_path.py (behaviour) and bench/bench_alerting.py (the latency figure).
+Every component is the real thing started on free loopback ports and stopped by PID; any that cannot
+start raises.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import threading
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+import yaml
+from alerting_stack import (
+    ALERTMANAGER_DIR,
+    PROMETHEUS_DIR,
+    Webhook,
+    WebhookReceiver,
+    alertmanager,
+    failslow_cli,
+    free_port,
+    prometheus,
+    redis_server,
+    render_alertmanager,
+    render_prometheus,
+)
+
+
+@dataclass
+class AlertPathResult:
+    """What one run observed: fault times (wall clock), webhook deliveries, logs for diagnosis."""
+
+    job: str
+    fault_spec: str
+    fault_rank: int
+    token: str
+    fault_start: float | None = None
+    fault_end: float | None = None
+    receiver_posts: list[Webhook] = field(default_factory=list)
+    testbed_log: str = ""
+    logs: dict[str, str] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+    prometheus_state: str = ""
+    timeline: list[str] = field(default_factory=list)
+
+    def _alerts(self, status: str) -> list[tuple[float, dict[str, Any]]]:
+        return sorted(((h.t, a) for h in self.receiver_posts for a in h.body.get("alerts", [])
+                       if a["labels"].get("alertname") == "FailSlowDetected" and a["status"] == status
+                       and a["labels"].get("job") == self.job), key=lambda x: x[0])
+
+    @property
+    def firing(self) -> list[tuple[float, dict[str, Any]]]:
+        """FailSlowDetected firing deliveries for the job, in arrival order."""
+        return self._alerts("firing")
+
+    @property
+    def resolved(self) -> list[tuple[float, dict[str, Any]]]:
+        """FailSlowDetected resolved deliveries for the job that arrived after the fault ended."""
+        end = self.fault_end or float("inf")
+        return [(t, a) for t, a in self._alerts("resolved") if t >= end]
+
+    @property
+    def detect_latency_s(self) -> float | None:
+        """Fault start -> first FailSlowDetected at the webhook, seconds."""
+        if self.fault_start is None or not self.firing:
+            return None
+        return self.firing[0][0] - self.fault_start
+
+    @property
+    def resolve_latency_s(self) -> float | None:
+        """Fault end -> resolved FailSlowDetected at the webhook, seconds."""
+        if self.fault_end is None or not self.resolved:
+            return None
+        return self.resolved[0][0] - self.fault_end
+
+    def summary(self) -> str:
+        """One paragraph with the settings and the measured latencies."""
+        def fmt(x: float | None) -> str:
+            return "n/a" if x is None else f"{x:.1f} s"
+
+        s = self.settings
+        return (f"alert path: fault {self.fault_spec}; detector poll {s.get('poll_s')} s; scrape/eval {s.get('scrape_interval')}/"
+                f"{s.get('evaluation_interval')}, FailSlowDetected for: {s.get('for')}, remediator group_wait "
+                f"{s.get('group_wait')}; fault start -> FailSlowDetected at webhook {fmt(self.detect_latency_s)}; "
+                f"fault end -> resolved at webhook {fmt(self.resolve_latency_s)}")
+
+    def diagnostics(self) -> str:
+        """Logs and state to understand a failure."""
+        parts = [self.summary(), f"webhook posts: {[(h.t, h.body.get('status'), [a['labels'] for a in h.body.get('alerts', [])]) for h in self.receiver_posts]}",
+                 f"prometheus: {self.prometheus_state}", "timeline:\n" + "\n".join(self.timeline),
+                 f"testbed log:\n{self.testbed_log[-3000:]}"]
+        parts += [f"{k} log:\n{v[-3000:]}" for k, v in self.logs.items()]
+        return "\n\n".join(parts)
+
+
+def _shipped_settings() -> dict[str, Any]:
+    prom = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())["global"]
+    rules = yaml.safe_load((PROMETHEUS_DIR / "rules" / "alerts.yml").read_text())
+    rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "FailSlowDetected")
+    am = yaml.safe_load((ALERTMANAGER_DIR / "alertmanager.yml").read_text())["route"]
+    route = next(r for r in am["routes"] if r["receiver"] == "remediator")
+    return {"scrape_interval": prom["scrape_interval"], "evaluation_interval": prom["evaluation_interval"],
+            "for": rule["for"], "group_wait": route.get("group_wait", am["group_wait"]),
+            "group_interval": route.get("group_interval", am["group_interval"])}
+
+
+def _start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+
+def _stop(proc: subprocess.Popen[Any]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _wait_http(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not answering after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault_rank: int = 3, quota: float = 0.3,
+                   warmup_s: float = 45.0, fault_s: float = 45.0, max_after_s: float = 100.0,
+                   iterations: int = 2000, poll_s: float = 5.0) -> AlertPathResult:
+    """Start everything, inject `cpu:rank=fault_rank,quota=quota` after `warmup_s` for `fault_s`.
+
+    Returns once the resolved FailSlowDetected arrived, or `max_after_s` after the fault ended, or the job
+    ended. The job is given more iterations than it can run and is stopped (SIGTERM) at the end.
+    """
+    job = f"alertpath{os.getpid()}"
+    token = secrets.token_hex(16)
+    spec = f"cpu:rank={fault_rank},quota={quota},at={warmup_s:g},for={fault_s:g}"
+    res = AlertPathResult(job=job, fault_spec=spec, fault_rank=fault_rank, token=token,
+                          settings={**_shipped_settings(), "poll_s": poll_s})
+    rings = tmp / "rings"
+    rings.mkdir(parents=True)
+    receiver = WebhookReceiver()
+    resolved_evt = threading.Event()
+    receiver.on_post = lambda h: resolved_evt.set() if any(
+        a["status"] == "resolved" and a["labels"].get("alertname") == "FailSlowDetected"
+        and a["labels"].get("job") == job for a in h.body.get("alerts", [])) else None
+    ports = {k: free_port() for k in ("redis", "prom", "am", "exporter", "detector")}
+    with ExitStack() as stack:
+        stack.callback(receiver.close)
+        redis = stack.enter_context(redis_server(tmp / "redis", ports["redis"]))
+        am_cfg = render_alertmanager(tmp / "am", remediator_url=receiver.url, token=token)
+        stack.enter_context(alertmanager(am_cfg, ports["am"]))
+        prom_cfg = render_prometheus(tmp / "prom", prometheus=f"127.0.0.1:{ports['prom']}",
+                                     alertmanager=f"127.0.0.1:{ports['am']}",
+                                     exporters=[f"127.0.0.1:{ports['exporter']}"],
+                                     detector=[f"127.0.0.1:{ports['detector']}"])
+        prom = stack.enter_context(prometheus(prom_cfg, ports["prom"]))
+        cli = failslow_cli()
+
+        exp_log = tmp / "exporter.log"
+        exporter = _start([*cli, "exporter", "--port", str(ports["exporter"]), "--address", "127.0.0.1",
+                           "--ring-dir", str(rings), "--node", "testbed", "--collectors", "ring"], exp_log)
+        stack.callback(_stop, exporter)
+        stack.callback(lambda: res.logs.__setitem__("exporter", exp_log.read_text()))
+        _wait_http(f"http://127.0.0.1:{ports['exporter']}/metrics", exporter, exp_log)
+
+        det_log = tmp / "detector.log"
+        detector = _start([*cli, "detector"], det_log, env={
+            "FAILSLOW_DETECTOR_PORT": str(ports["detector"]), "FAILSLOW_DETECTOR_ADDRESS": "127.0.0.1",
+            "FAILSLOW_DETECTOR_PROMETHEUS_URL": prom.url, "FAILSLOW_DETECTOR_REDIS_URL": redis.url,
+            # one poll per Prometheus scrape (the detector's own default, 15s, is for large fleets)
+            "FAILSLOW_DETECTOR_POLL_INTERVAL_S": str(poll_s)})
+        stack.callback(_stop, detector)
+        stack.callback(lambda: res.logs.__setitem__("detector", det_log.read_text()))
+        _wait_http(f"http://127.0.0.1:{ports['detector']}/metrics", detector, det_log)
+
+        tb = subprocess.Popen([*cli, "testbed", "run", "--dp", str(dp), "--pp", str(pp), "--iterations",
+                               str(iterations), "--torch-hook", "--ring-dir", str(rings), "--job", job,
+                               "--inject", spec, "--report", str(tmp / "report.json")],
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+        stack.callback(_stop, tb)
+        lines: list[str] = []
+
+        def follow() -> None:
+            assert tb.stdout is not None
+            for line in tb.stdout:
+                lines.append(line)
+                if "fault on:" in line and res.fault_start is None:
+                    res.fault_start = time.time()
+                elif "fault off:" in line and res.fault_end is None:
+                    res.fault_end = time.time()
+
+        reader = threading.Thread(target=follow, daemon=True)
+        reader.start()
+        stop_sampling = threading.Event()
+        stack.callback(stop_sampling.set)
+        t0 = time.time()
+        probes = {
+            "iter": f'max(failslow_iteration_duration_seconds{{job="{job}"}})',
+            "ranks": f'count(failslow_iteration_duration_seconds{{job="{job}"}})',
+            "cratio": f'max(job_rank:failslow_iteration_compute_seconds:ratio_stage_quantile25{{job="{job}"}})',
+            "det": f'max(failslow_detector_failslow{{job="{job}"}})',
+            "ratio": f'max(failslow_detector_slowdown_ratio{{job="{job}"}})',
+            "susp": f'failslow_detector_suspect{{job="{job}"}}',
+            "alerts": f'ALERTS{{job="{job}"}}',
+        }
+
+        def sample() -> None:
+            while not stop_sampling.wait(5.0):
+                row = [f"t={time.time() - t0:5.0f}s"]
+                for k, q in probes.items():
+                    try:
+                        r = requests.get(f"{prom.url}/api/v1/query", params={"query": q}, timeout=3).json()
+                        vals = [(x["metric"].get("alertname") or x["metric"].get("rank") or "", x["value"][1])
+                                for x in r["data"]["result"]]
+                        row.append(f"{k}={vals if len(vals) != 1 or vals[0][0] else vals[0][1][:6]}")
+                    except (requests.RequestException, ValueError, KeyError):
+                        row.append(f"{k}=?")
+                if res.fault_start and not res.fault_end:
+                    row.append("FAULT")
+                res.timeline.append(" ".join(row))
+
+        threading.Thread(target=sample, daemon=True).start()
+        deadline = time.monotonic() + warmup_s + fault_s + max_after_s + 120  # + start-up of the ranks
+        while time.monotonic() < deadline and tb.poll() is None:
+            if res.fault_end is not None and (resolved_evt.is_set()
+                                               or time.time() - res.fault_end > max_after_s):
+                break
+            resolved_evt.wait(1.0)
+        try:
+            res.prometheus_state = str(requests.get(f"{prom.url}/api/v1/alerts", timeout=5).json()["data"])
+        except (requests.RequestException, ValueError, KeyError) as e:
+            res.prometheus_state = f"unavailable: {e}"
+        _stop(tb)
+        reader.join(timeout=10)
+        res.testbed_log = "".join(lines)
+    res.receiver_posts = list(receiver.posts)
+    return res
