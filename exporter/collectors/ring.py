@@ -236,7 +236,9 @@ class RankTrack:
         if self.layout is not None and 0 <= h.rank < self.layout.world_size:
             c = self.layout.coords(h.rank)
         coord = [str(c.dp), str(c.pp), str(c.tp)] if c is not None else ["", "", ""]
-        return [h.job or "unknown", str(h.rank), *coord, self.node]
+        # An unknown rank is named after the process so that two such processes never share a series.
+        rank = str(h.rank) if h.rank >= 0 else f"pid-{h.pid}"
+        return [h.job or "unknown", rank, *coord, self.node]
 
     def dropped(self) -> int:
         """Records lost for this ring: given up by the writer plus overwritten before being read."""
@@ -354,32 +356,49 @@ class RingCollector:
         info = family("failslow_comm_info")
         rings = family("failslow_exporter_rings")
         producers: dict[str, int] = {}
-        for tr in sorted(self.tracks.values(), key=lambda t: (t.header.job, t.header.rank, t.header.pid)):
+        # One process can have two rings (the NCCL shim and the torch hook): rank series come from one
+        # of them (the shim's, else the one that found more iterations), counters are summed.
+        by_rank: dict[tuple[str, str], list[RankTrack]] = {}
+        for tr in self.tracks.values():
             lab = tr.labels()
-            job, rank = lab[0], lab[1]
+            by_rank.setdefault((lab[0], lab[1]), []).append(tr)
             producers[tr.header.producer_name] = producers.get(tr.header.producer_name, 0) + 1
-            it_tot.add_metric(lab, tr.iterations_total)
-            if tr.mean_iteration_s is not None:
-                it_dur.add_metric(lab, tr.mean_iteration_s)
-            if tr.last_end_unix_s is not None:
-                last.add_metric(lab, tr.last_end_unix_s)
-            if tr.period is not None:
-                period.add_metric(lab, tr.period)
-            if tr.split:
-                arr = np.asarray(tr.split)
+        comm_rows: dict[tuple[str, ...], list[float]] = {}
+        info_rows: dict[tuple[str, ...], float] = {}
+        for (job, rank), trs in sorted(by_rank.items()):
+            main = max(trs, key=lambda t: (t.header.producer_name == "shim", t.iterations_total, -t.header.pid))
+            lab = main.labels()
+            it_tot.add_metric(lab, main.iterations_total)
+            if main.mean_iteration_s is not None:
+                it_dur.add_metric(lab, main.mean_iteration_s)
+            if main.last_end_unix_s is not None:
+                last.add_metric(lab, main.last_end_unix_s)
+            if main.period is not None:
+                period.add_metric(lab, main.period)
+            if main.split:
+                arr = np.asarray(main.split)
                 c = float(arr[:, 1].mean())
                 comm_s.add_metric(lab, c)
                 comp_s.add_metric(lab, float(arr[:, 0].mean()) - c)
-            dropped.add_metric([job, rank], tr.dropped())
-            for (comm, op), st in sorted(tr.stats.items()):
-                meta = tr.comms.get(comm)
-                cl = [job, rank, f"{comm:016x}", OP_NAMES.get(op, f"Op{op}"), str(meta.nranks if meta else 0)]
-                calls.add_metric(cl, st.calls)
-                nbytes.add_metric(cl, st.nbytes)
-                dur.add_metric(cl, count_value=st.dur_count, sum_value=st.dur_sum)
-            for comm, meta in sorted(tr.comms.items()):
-                info.add_metric([job, rank, f"{comm:016x}", str(meta.nranks), str(meta.comm_rank),
-                                 tr.group_of(comm)], 1.0)
+            dropped.add_metric([job, rank], sum(t.dropped() for t in trs))
+            for tr in trs:
+                for (comm, op), st in tr.stats.items():
+                    meta = tr.comms.get(comm)
+                    key = (job, rank, f"{comm:016x}", OP_NAMES.get(op, f"Op{op}"), str(meta.nranks if meta else 0))
+                    row = comm_rows.setdefault(key, [0.0, 0.0, 0.0, 0.0])
+                    row[0] += st.calls
+                    row[1] += st.nbytes
+                    row[2] += st.dur_count
+                    row[3] += st.dur_sum
+                for comm, meta in tr.comms.items():
+                    info_rows[(job, rank, f"{comm:016x}", str(meta.nranks), str(meta.comm_rank),
+                               tr.group_of(comm))] = 1.0
+        for key, (n, b, dc, ds) in sorted(comm_rows.items()):
+            calls.add_metric(list(key), n)
+            nbytes.add_metric(list(key), b)
+            dur.add_metric(list(key), count_value=dc, sum_value=ds)
+        for key, v in sorted(info_rows.items()):
+            info.add_metric(list(key), v)
         for prod, k in sorted(producers.items()):
             rings.add_metric([prod], k)
         yield from (it_dur, it_tot, last, period, comm_s, comp_s, dropped, calls, nbytes, dur, info, rings)

@@ -280,3 +280,35 @@ def test_settings_are_built_once_and_passed_down(tmp_path: Path) -> None:
     assert isinstance(ring, RingCollector) and ring.window == 7 and ring.buffer == 512
     assert json.loads(Settings(ring_dir=tmp_path).model_dump_json())["port"] == 9400
     assert np.isclose(Settings(scan_interval_s=0.5).scan_interval_s, 0.5)
+
+
+def test_two_rings_of_one_rank_and_unknown_ranks_keep_series_unique(tmp_path: Path) -> None:
+    from exporter_ringdata import write_trace
+
+    from failslow import period_synth as ps
+
+    tr = ps.generate([ps.dp_buckets(2)], [20], seed=3)
+    # the same rank seen by two producers (e.g. shim + torch hook), and two processes of unknown rank
+    write_trace(tmp_path, tr, pid=5001, rank=0, world=2, job="dup", layout={"dp": 2, "pp": 1, "tp": 1},
+                comm_rank={1: 0})
+    write_trace(tmp_path, tr, pid=5002, rank=0, world=2, job="dup", layout={"dp": 2, "pp": 1, "tp": 1},
+                comm_base=0x200, comm_rank={1: 0})
+    for pid in (5003, 5004):
+        write_trace(tmp_path, tr, pid=pid, rank=-1, world=0, job="anon", layout=None)
+    text = b"".join(generate_latest_of(RingCollector(tmp_path, node="n", alive=lambda pid: True))).decode()
+    p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60,
+                       check=False)
+    assert p.returncode == 0, p.stdout + p.stderr  # no duplicate series
+    fams = _families(text)
+    assert {s.labels["rank"] for s in fams["failslow_iterations"]} == {"0", "pid-5003", "pid-5004"}
+    calls = fams["failslow_comm_calls"]
+    assert {s.labels["comm"] for s in calls if s.labels["job"] == "dup"} == {"0000000000000101",
+                                                                              "0000000000000201"}
+
+
+def generate_latest_of(collector: RingCollector) -> list[bytes]:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)  # type: ignore[arg-type]
+    return [generate_latest(reg)]
