@@ -106,6 +106,23 @@ class WhatIfResult:
         }
 
 
+def worker_scopes(m: Model) -> npt.NDArray[np.bool_]:
+    """(pp, nodes): the template nodes that belong to the worker of each stage in S_w and M_W.
+
+    A worker's own ops plus the matching send/recv of its P2P ops on the adjacent stages: a
+    transfer needs both ends, so a worker that is slow to serve its side (a throttled CPU driving
+    the transfer) shows up in its peers' transfer times as well.
+    """
+    pp = int(m.trace.meta.pp_size)
+    scope = np.zeros((pp, m.n_nodes), bool)
+    for p in range(pp):
+        own = m.stage == p
+        scope[p] = own
+        partners = m.p2p_peer[own & (m.p2p_peer >= 0)]
+        scope[p, partners] = True
+    return scope
+
+
 def _share(t: float, t_part: float, t_ideal: float) -> float | None:
     gap = t - t_ideal
     if gap <= 1e-9 * max(t, 1e-12):
@@ -169,10 +186,11 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     M_S = _share(T, float(t1[i].mean()), T_ideal) if pp > 1 else None
 
     # --- batch 2: one DP rank differs from the ideal (per DP rank, per worker)
+    scope = worker_scopes(m)  # (pp, nodes)
     ranks = np.concatenate([np.arange(dp), np.repeat(np.arange(dp), pp)])
-    stages = np.concatenate([np.ones((dp, pp), bool), np.tile(np.eye(pp, dtype=bool), (dp, 1))])
-    t2 = simulate(m, OneRankLanes(m, ranks, stages), ranks.shape[0],
-                  OneRankLanes(m, ranks, stages, delays=True) if use_delays else None)
+    nodes = np.concatenate([np.ones((dp, n), bool), np.tile(scope, (dp, 1))])
+    t2 = simulate(m, OneRankLanes(m, ranks, nodes), ranks.shape[0],
+                  OneRankLanes(m, ranks, nodes, delays=True) if use_delays else None)
     S_dp = {d: float(t2[d].mean() / T_ideal) for d in range(dp)}
     S_w = (t2[dp:].mean(axis=1) / T_ideal).reshape(dp, pp)
 
@@ -182,7 +200,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     top = tuple((int(w // pp), int(w % pp)) for w in order)
     sel = np.zeros((n, dp), bool)
     for d, p in top:
-        sel[m.stage == p, d] = True
+        sel[scope[p], d] = True
     t3 = full((~sel)[None])
     M_W = _share(T, float(t3[0].mean()), T_ideal)
 

@@ -81,6 +81,7 @@ class Model:
         delay: (N, dp, steps) launch delay of the node's call: its start minus the latest end of
             what it waits for (untraced CPU work; the step start for calls that wait for nothing).
         ideal_delay: (N,) per op type median of `delay`.
+        p2p_peer: (N,) the matching send/recv on the adjacent stage of a P2P node, else -1.
         n_noops: P2P operations without a peer (not simulated).
     """
 
@@ -102,6 +103,7 @@ class Model:
     mb: IntArray
     delay: FloatArray
     ideal_delay: FloatArray
+    p2p_peer: IntArray
     n_noops: int
 
     @property
@@ -358,6 +360,9 @@ def build_model(trace: Trace, compute: str = "mean", equalise: str = "all") -> M
                 add_call(cluster, True, False)
                 cluster = [b]
         add_call(cluster, True, False)
+    p2p_peer = np.full(n_nodes, -1, dtype=np.int64)
+    for a, b in pairs:
+        p2p_peer[a], p2p_peer[b] = b, a
     peer_sets: dict[int, set[int]] = {}
     for a, b in pairs:
         ca, cb = int(node_call[a]), int(node_call[b])
@@ -416,7 +421,7 @@ def build_model(trace: Trace, compute: str = "mean", equalise: str = "all") -> M
     sinks = tuple(int(c) for c in np.flatnonzero(~consumed))
     return Model(trace=trace, stage=stage, optype=optype, seq=seq, simulated=simulated, deps=tuple(deps_t),
                  calls=tuple(calls), node_call=node_call, events=events, sinks=sinks, work=work, ideal=ideal, start=start, end=end,
-                 gmc=gmc, mb=mb, delay=delay, ideal_delay=ideal_delay, n_noops=int((~simulated).sum()))
+                 gmc=gmc, mb=mb, delay=delay, ideal_delay=ideal_delay, p2p_peer=p2p_peer, n_noops=int((~simulated).sum()))
 
 
 def idealise(work: FloatArray, key: IntArray, optype: IntArray, simulated: npt.NDArray[np.bool_],

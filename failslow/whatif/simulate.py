@@ -74,11 +74,11 @@ class FullLanes:
 
 @dataclass(frozen=True)
 class OneRankLanes:
-    """Scenarios in which DP rank `rank[s]` keeps its original work on the stages `stages[s]`."""
+    """Scenarios in which DP rank `rank[s]` keeps its original work on the nodes `nodes[s]`."""
 
     model: Model
     rank: IntArray  # (scenarios,)
-    stages: BoolArray  # (scenarios, pp)
+    nodes: BoolArray  # (scenarios, nodes)
     delays: bool = False
 
     @property
@@ -91,7 +91,7 @@ class OneRankLanes:
         m = self.model
         n = self.rank.shape[0]
         out = np.empty((n, self.n_lanes, m.n_steps))
-        sel = self.stages[:, m.stage[v]]
+        sel = self.nodes[:, v]
         orig, ideal = (m.delay[v], m.ideal_delay[v]) if self.delays else (m.work[v], m.ideal[v])
         out[:, 0, :] = np.where(sel[:, None], orig[self.rank], ideal)
         if self.n_lanes > 1:
