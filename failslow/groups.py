@@ -451,6 +451,92 @@ def _localise_links(slow: list[GroupStat], healthy: list[GroupStat],
 
 
 def _key_str(key: tuple[Any, ...]) -> str:
+    def ident(v: Any) -> str:
+        return f"{v:x}" if isinstance(v, int) else str(v)
+
     if key[0] == "p2p":
-        return f"p2p:{key[1]:x}:{key[2]}->{key[3]}"
-    return f"coll:{key[1]:x}"
+        return f"p2p:{ident(key[1])}:{key[2]}->{key[3]}"
+    return f"{key[0]}:{ident(key[1])}"
+
+
+# --------------------------------------------------------------------------- aggregated form
+def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any, Mapping[int, float]], *,
+                       group_kind: Mapping[Any, str] | None = None,
+                       node_of: Callable[[int], int] | Mapping[int, int] | None = None,
+                       peers_of: Callable[[int], Sequence[int]] | None = None,
+                       link_ratio: float = 1.1, compute_ratio: float = 1.1) -> Analysis:
+    """The same verdicts from per-window averages, as a metrics pipeline (Prometheus) provides them.
+
+    Without per-call timestamps the wait/transfer split is estimated per group: in a collective the
+    last rank to arrive does not wait, so the *smallest* mean call time of the members approximates the
+    transfer time, and each member's excess over it approximates its wait.
+
+    Args:
+        outside_s: Rank -> mean time per iteration outside communication calls (compute, host work).
+        group_call_s: Group key -> {rank: mean time per call inside that group's calls}.
+        group_kind: Group key -> label of groups that should perform alike (role, op, size).
+        node_of: Rank -> node, to localise slow links.
+        peers_of: Rank -> ranks doing the same work (default: every rank in ``outside_s``).
+        link_ratio: Slow-group threshold over the median transfer estimate of the same kind.
+        compute_ratio: Slow-rank threshold over the peers' median time outside calls.
+    """
+    if link_ratio <= 1.0 or compute_ratio <= 1.0:
+        raise InputError("link_ratio and compute_ratio must be above 1")
+    nodes: Callable[[int], int] | None
+    if node_of is None:
+        nodes = None
+    elif isinstance(node_of, Mapping):
+        nodes = dict(node_of).__getitem__
+    else:
+        nodes = node_of
+    raw = []
+    for key, per_rank in group_call_s.items():
+        vals = {r: float(v) for r, v in per_rank.items() if v == v}
+        if len(vals) < 2:
+            continue
+        transfer = min(vals.values())
+        kind = group_kind.get(key, "") if group_kind is not None else ""
+        raw.append((key, kind, tuple(sorted(vals)), transfer))
+    by_kind: dict[str, list[float]] = defaultdict(list)
+    for _, kind, _, tr in raw:
+        by_kind[kind].append(tr)
+    groups = []
+    for key, kind, ranks, tr in raw:
+        peers = by_kind[kind]
+        med = float(np.median(peers))
+        ratio = tr / med if len(peers) >= 2 and med > 0 else float("nan")
+        groups.append(GroupStat(key=key if isinstance(key, tuple) else ("agg", key), kind=kind, ranks=ranks,
+                                instances=0, transfer_s=tr, transfer_per_byte=tr, ratio=ratio,
+                                slow=bool(ratio >= link_ratio)))
+    culprits: list[Culprit] = []
+    slow = [g for g in groups if g.slow]
+    if slow:
+        culprits.extend(_localise_links(slow, [g for g in groups if not g.slow and g.ratio == g.ratio], nodes))
+    waited = defaultdict(float)
+    for per_rank in group_call_s.values():
+        vals = {r: float(v) for r, v in per_rank.items() if v == v}
+        if len(vals) >= 2:
+            tr = min(vals.values())
+            for r, v in vals.items():
+                waited[r] += v - tr
+    ranks_all = sorted(outside_s)
+    stats = []
+    for r in ranks_all:
+        peers = [p for p in (peers_of(r) if peers_of is not None else ranks_all) if p != r and p in outside_s]
+        ref = float(np.median([outside_s[p] for p in peers])) if peers else float("nan")
+        ratio = float(outside_s[r]) / ref if peers and ref > 0 else float("nan")
+        stats.append(RankStat(rank=r, comm_s=float("nan"), outside_s=float(outside_s[r]), wait_s=waited[r],
+                              caused_s=float("nan"), last_fraction=float("nan"), ratio=ratio))
+    for rs in stats:
+        if rs.ratio == rs.ratio and rs.ratio >= compute_ratio:
+            # Victims wait; the culprit does not: little waiting of its own adds to the confidence.
+            peer_wait = [s.wait_s for s in stats if s.rank != rs.rank]
+            low_wait = 1.0 if not peer_wait or rs.wait_s <= float(np.median(peer_wait)) else 0.5
+            conf = round(0.5 * min(1.0, (rs.ratio - 1.0) / 0.5) + 0.5 * low_wait, 3)
+            culprits.append(Culprit(kind="compute", rank=rs.rank, node=nodes(rs.rank) if nodes else None,
+                                    ranks=(rs.rank,), confidence=conf,
+                                    evidence={"outside_calls_ratio": round(rs.ratio, 3),
+                                              "outside_calls_s": round(rs.outside_s, 6),
+                                              "wait_s": round(rs.wait_s, 6)}))
+    culprits.sort(key=lambda c: -c.confidence)
+    return Analysis(culprits=culprits, groups=groups, ranks=stats)

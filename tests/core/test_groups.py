@@ -131,3 +131,36 @@ def test_bad_input() -> None:
         analyse(Calls.from_columns(rank=[]))
     with pytest.raises(InputError):
         analyse(simulate(Layout(dp=2)), link_ratio=1.0)
+
+
+def _aggregate(calls: Calls, layout: Layout) -> tuple[dict[int, float], dict[int, dict[int, float]],
+                                                      dict[int, str]]:
+    """What an exporter would publish: time outside calls per rank, mean call time per (comm, rank)."""
+    outside = {}
+    span = float(calls.end.max() - calls.start.min())
+    for r in range(layout.world_size):
+        m = calls.rank == r
+        outside[r] = span - float(np.sum(calls.end[m] - calls.start[m]))
+    group: dict[int, dict[int, float]] = {}
+    kind: dict[int, str] = {}
+    for comm in set(calls.comm.tolist()):
+        m = calls.comm == comm
+        group[comm] = {int(r): float(np.mean((calls.end - calls.start)[m & (calls.rank == r)]))
+                       for r in set(calls.rank[m].tolist())}
+        kind[comm] = "dp" if np.any(calls.op[m] == ALLREDUCE) else "pp"
+    return outside, group, kind
+
+
+@pytest.mark.parametrize(("fault", "expect"), [({"slow_rank": 4}, ("compute", 4)), ({"slow_node": 2}, ("link", 2)),
+                                               ({}, None)])
+def test_aggregated_form_gives_the_same_verdicts(fault: dict[str, int], expect: tuple[str, int] | None) -> None:
+    from failslow.groups import analyse_aggregates
+    lay = Layout(dp=3, pp=2, ranks_per_node=1)
+    outside, group, kind = _aggregate(simulate(lay, **fault), lay)
+    a = analyse_aggregates(outside, group, group_kind=kind, node_of=lay.node_of, peers_of=lay.dp_group)
+    if expect is None:
+        assert a.culprits == []
+    else:
+        top = a.culprits[0]
+        assert (top.kind, top.rank if top.kind == "compute" else top.node) == expect
+        assert len([c for c in a.culprits if c.kind == expect[0]]) == 1

@@ -1,0 +1,88 @@
+"""Culprit analysis for a job with an open event, from the per-communicator series in Prometheus.
+
+Queries (``W`` = the slow period so far, capped by ``culprit_window_s``):
+
+* ``avg_over_time(failslow_iteration_compute_seconds{job=J}[W])``: time per iteration outside calls;
+* ``sum by (rank, comm) (rate(failslow_comm_call_duration_seconds_sum{job=J}[W]))`` over the same for
+  ``_count``: mean time per call of each rank on each communicator;
+* ``failslow_comm_info{job=J}``: the parallel role of each communicator, so only like groups are compared.
+
+Then :func:`failslow.groups.analyse_aggregates` names the suspects; peers of a rank are the ranks with the
+same ``pp_rank``/``tp_rank`` labels (its data-parallel group) and nodes come from the ``node`` label.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from detector.prom import PromClient, Sample
+from failslow.groups import Analysis, analyse_aggregates
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def _rank(s: Sample) -> int | None:
+    try:
+        return int(s.labels.get("rank", ""))
+    except ValueError:
+        return None
+
+
+def analyse_job(prom: PromClient, job: str, window_s: float,
+                rank_labels: dict[int, dict[str, str]]) -> tuple[Analysis, dict[int, str]]:
+    """Query one job's aggregates and run the culprit analysis (raises PromUnavailable).
+
+    Returns the analysis and the node names behind its node numbers.
+    """
+    w = f"{max(1, int(window_s * 1000))}ms"
+    sel = f'job="{_esc(job)}"'
+    outside: dict[int, float] = {}
+    for s in prom.query(f"avg_over_time(failslow_iteration_compute_seconds{{{sel}}}[{w}])"):
+        r = _rank(s)
+        if r is not None and s.value == s.value:
+            outside[r] = s.value
+            rank_labels.setdefault(r, {}).update({k: v for k, v in s.labels.items() if k != "__name__"})
+    num = prom.query(f"sum by (rank, comm) (rate(failslow_comm_call_duration_seconds_sum{{{sel}}}[{w}]))")
+    den = prom.query(f"sum by (rank, comm) (rate(failslow_comm_call_duration_seconds_count{{{sel}}}[{w}]))")
+    counts = {(s.labels.get("rank"), s.labels.get("comm")): s.value for s in den}
+    groups: dict[str, dict[int, float]] = {}
+    for s in num:
+        key = (s.labels.get("rank"), s.labels.get("comm"))
+        r = _rank(s)
+        c = counts.get(key, 0.0)
+        if r is None or not c or key[1] is None:
+            continue
+        groups.setdefault(key[1], {})[r] = s.value / c
+    kinds: dict[str, str] = {}
+    for s in prom.query(f"failslow_comm_info{{{sel}}}"):
+        comm = s.labels.get("comm")
+        if comm is not None:
+            kinds[comm] = f"{s.labels.get('group', '')}:{s.labels.get('nranks', '')}"
+
+    def peers(r: int) -> list[int]:
+        me = rank_labels.get(r, {})
+        key = (me.get("pp_rank"), me.get("tp_rank"))
+        return [p for p, lab in rank_labels.items() if (lab.get("pp_rank"), lab.get("tp_rank")) == key]
+
+    node_names: dict[int, str] = {r: lab.get("node", "") for r, lab in rank_labels.items()}
+    node_ids = {n: i for i, n in enumerate(sorted(set(node_names.values())))}
+    node_of: dict[int, int] = {r: node_ids[n] for r, n in node_names.items()}
+    for r in outside:
+        node_of.setdefault(r, -1)
+        for g in groups.values():
+            for rr in g:
+                node_of.setdefault(rr, -1)
+    analysis = analyse_aggregates(outside, groups, group_kind=kinds, node_of=node_of, peers_of=peers)
+    return analysis, {i: n for n, i in node_ids.items()}
+
+
+def suspects(analysis: Analysis, names: dict[int, str], limit: int) -> list[dict[str, Any]]:
+    """The top culprits as JSON-able dicts with the labels of the suspect metric."""
+    out = []
+    for c in analysis.culprits[:limit]:
+        node = names.get(c.node, "") if c.node is not None else ""
+        out.append({"kind": c.kind, "rank": "" if c.rank is None else str(c.rank), "node": node,
+                    "confidence": c.confidence, "evidence": c.evidence})
+    return out

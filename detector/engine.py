@@ -1,0 +1,218 @@
+"""The detector's pure core: per-rank series in one vectorised detector, per-job fail-slow events on top.
+
+No I/O here: the service feeds :meth:`Engine.step` with one sample per (job, rank) per poll and gets back
+the job events that opened, changed or closed; state round-trips through plain arrays and JSON.
+
+A job's event opens when at least ``quorum`` of its ranks have an open slowdown (in synchronous training
+every rank slows down with the straggler, so a majority is both natural and robust to one noisy series);
+its onset is the earliest first-slow-sample among them. It closes when fewer than ``quorum`` ranks are
+slow *and* the job's level is back under ``(1 + threshold)`` times the level before the event, so an event
+restored from Redis after the detector state was lost is not closed just because nobody remembers it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from failslow.bocd import BOCDConfig
+from failslow.detect import BatchDetector, make_detector
+from failslow.verify import VerifyConfig
+
+Key = tuple[str, str]  # (job, rank)
+TIME_RING = 1024  # poll times kept to turn sample indices into timestamps
+
+
+@dataclass
+class JobEvent:
+    """The fail-slow state of one job, as stored in Redis and exported as metrics."""
+
+    job: str
+    open: bool = False
+    onset_ts: float = 0.0
+    opened_ts: float = 0.0
+    closed_ts: float = 0.0
+    baseline: float = 0.0
+    ratio: float = 1.0
+    suspects: list[dict[str, Any]] = field(default_factory=list)
+    events: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able dict."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> JobEvent:
+        """Inverse of :meth:`to_json` (unknown keys ignored)."""
+        known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class Change:
+    """What happened to a job at a poll: ``opened``, ``closed`` or ``updated`` (ratio moved)."""
+
+    what: str
+    event: JobEvent
+
+
+class Engine:
+    """Vectorised detection over every (job, rank) plus per-job events.
+
+    Args:
+        method: Registered detection method.
+        threshold: Relative rise that counts (verification threshold and event threshold).
+        quorum: Fraction of a job's ranks that must be slow to open its event.
+        dtype: Precision of the BOCD state.
+    """
+
+    def __init__(self, method: str = "bocd-v", threshold: float = 0.10, quorum: float = 0.5,
+                 dtype: str = "float32") -> None:
+        self.method = method
+        self.threshold = threshold
+        self.quorum = quorum
+        self.dtype = dtype
+        self.keys: list[Key] = []
+        self.index: dict[Key, int] = {}
+        self.labels: dict[Key, dict[str, str]] = {}
+        self.jobs: dict[str, JobEvent] = {}
+        self.times = np.full(TIME_RING, np.nan)
+        self.t = -1  # index of the last poll fed to the detector
+        self.last: np.ndarray = np.zeros(0)
+        self._det: BatchDetector | None = None
+
+    def _options(self) -> dict[str, Any]:
+        if self.method in ("bocd-v", "bocd"):
+            return {"bocd": BOCDConfig(dtype=self.dtype), "verify": VerifyConfig(threshold=self.threshold)}
+        return {"threshold": self.threshold}
+
+    @property
+    def n_series(self) -> int:
+        """Series tracked."""
+        return len(self.keys)
+
+    def _ensure(self, keys: list[Key]) -> None:
+        new = [k for k in keys if k not in self.index]
+        for k in new:
+            self.index[k] = len(self.keys)
+            self.keys.append(k)
+        if not self.keys:
+            return
+        if self._det is None:
+            self._det = make_detector(self.method, len(self.keys), **self._options())
+            # Nothing seen yet: align the detector's clock with ours.
+            self._set_t(self.t)
+        elif new:
+            self._det.grow(len(self.keys))
+        if self.last.shape[0] < len(self.keys):
+            self.last = np.concatenate([self.last, np.full(len(self.keys) - self.last.shape[0], np.nan)])
+
+    def _set_t(self, t: int) -> None:
+        det: Any = self._det
+        det.t = t
+        model = getattr(det, "_model", None)
+        if model is not None:
+            model.t = t + 1
+
+    def step(self, ts: float, samples: dict[Key, float], labels: dict[Key, dict[str, str]] | None = None,
+             sample_ts: float | None = None) -> list[Change]:
+        """Feed one poll: ``samples`` maps (job, rank) to the latest value (NaN or absent = missing).
+
+        ``ts`` is the poll time; ``sample_ts``, when known, the time the samples were taken (what an
+        onset is reported in).
+        """
+        self._ensure(list(samples))
+        if labels:
+            self.labels.update(labels)
+        self.t += 1
+        self.times[self.t % TIME_RING] = ts if sample_ts is None or sample_ts != sample_ts else sample_ts
+        if self._det is None:
+            return []
+        x = np.full(len(self.keys), np.nan)
+        for k, v in samples.items():
+            x[self.index[k]] = v
+        verdict = self._det.update(x)
+        fresh = ~np.isnan(x)
+        self.last[fresh] = x[fresh]
+        return self._jobs_step(ts, verdict.failslow, verdict.onset, verdict.slowdown)
+
+    def onset_time(self, index: int) -> float:
+        """Timestamp of the poll that produced sample ``index`` (NaN when it left the ring)."""
+        if index < 0 or self.t - index >= TIME_RING:
+            return math.nan
+        return float(self.times[index % TIME_RING])
+
+    def _jobs_step(self, ts: float, failslow: np.ndarray, onset: np.ndarray, slowdown: np.ndarray) -> list[Change]:
+        by_job: dict[str, list[int]] = {}
+        for k, i in self.index.items():
+            by_job.setdefault(k[0], []).append(i)
+        changes: list[Change] = []
+        for job, slots in by_job.items():
+            idx = np.array(slots)
+            ev = self.jobs.setdefault(job, JobEvent(job=job))
+            seen = idx[~np.isnan(self.last[idx])]
+            if seen.size == 0:
+                continue
+            slow = failslow[seen]
+            frac = float(slow.mean())
+            level = float(np.median(self.last[seen]))
+            if not ev.open and frac >= self.quorum:
+                ratio = float(np.median(slowdown[seen][slow]))
+                first = int(onset[seen][slow].min())
+                ev.open = True
+                ev.onset_ts = self.onset_time(first) if self.onset_time(first) == self.onset_time(first) else ts
+                ev.opened_ts = ts
+                ev.closed_ts = 0.0
+                ev.ratio = ratio
+                ev.baseline = level / ratio if ratio > 0 else level
+                ev.suspects = []
+                ev.events += 1
+                changes.append(Change("opened", ev))
+            elif ev.open:
+                ratio = level / ev.baseline if ev.baseline > 0 else 1.0
+                if frac < self.quorum and ratio < 1.0 + self.threshold:
+                    ev.open = False
+                    ev.closed_ts = ts
+                    ev.ratio = 1.0
+                    ev.suspects = []
+                    changes.append(Change("closed", ev))
+                elif abs(ratio - ev.ratio) > 1e-9:
+                    ev.ratio = ratio
+                    changes.append(Change("updated", ev))
+        return changes
+
+    # ------------------------------------------------------------------ persistence
+    def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """Arrays (detector state) and JSON metadata (index, times, jobs) to resume from."""
+        arrays: dict[str, np.ndarray] = {}
+        if self._det is not None:
+            arrays = {k: np.asarray(v) for k, v in self._det.state_dict().items()}
+        arrays["engine.times"] = self.times
+        arrays["engine.last"] = self.last
+        meta = {"method": self.method, "dtype": self.dtype, "threshold": self.threshold, "t": self.t,
+                "keys": [list(k) for k in self.keys],
+                "labels": [[k[0], k[1], v] for k, v in self.labels.items()],
+                "jobs": {j: e.to_json() for j, e in self.jobs.items()}}
+        return arrays, meta
+
+    def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bool:
+        """Resume from :meth:`snapshot`; False (and nothing changed) if it was taken with other settings."""
+        if (meta.get("method"), meta.get("dtype"), meta.get("threshold")) != (self.method, self.dtype,
+                                                                               self.threshold):
+            return False
+        keys = [(str(a), str(b)) for a, b in meta["keys"]]
+        self.keys, self.index = [], {}
+        self._det = None
+        self.t = int(meta["t"])
+        self._ensure(keys)
+        if self._det is not None:
+            self._det.load_state_dict({k: v for k, v in arrays.items() if not k.startswith("engine.")})
+        self.times = np.array(arrays["engine.times"], dtype=np.float64)
+        self.last = np.array(arrays["engine.last"], dtype=np.float64)
+        self.labels = {(a, b): dict(v) for a, b, v in meta.get("labels", [])}
+        for j, doc in meta.get("jobs", {}).items():
+            self.jobs[j] = JobEvent.from_json(doc)
+        return True

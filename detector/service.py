@@ -1,0 +1,208 @@
+"""The detector service loop: poll Prometheus, detect, analyse culprits, export, persist in Redis.
+
+Failure policy: Prometheus or Redis away never kills the loop. A failed poll sets
+``failslow_detector_prometheus_up``/``_last_poll_success`` to 0 and the next poll tries again; a failed
+Redis write keeps the state in memory (``failslow_detector_redis_up`` 0) and retries on the next poll.
+Until the stored state has been read once, no detection runs, so a restart can neither lose an open
+event nor fire it again.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+from detector.culprit import analyse_job, suspects
+from detector.engine import Change, Engine, JobEvent, Key
+from detector.metrics import DetectorMetrics
+from detector.prom import PromClient, PromUnavailable
+from detector.settings import Settings
+from detector.store import RedisStore, StoreUnavailable
+
+log = logging.getLogger("failslow.detector")
+
+
+class Detector:
+    """One detector instance; dependencies are passed in (production defaults built in `main()`)."""
+
+    def __init__(self, settings: Settings, prom: PromClient, store: RedisStore, metrics: DetectorMetrics,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.settings = settings
+        self.prom = prom
+        self.store = store
+        self.metrics = metrics
+        self.clock = clock
+        self.engine = Engine(settings.method, settings.threshold, settings.quorum, settings.dtype)
+        self.loaded = False
+        self.polls = 0
+        self._dirty: set[str] = set()
+        self._last_ts: dict[Key, float] = {}
+        self._culprit_due: dict[str, int] = {}
+        self._shown: set[str] = set()
+
+    # ------------------------------------------------------------------ state
+    def load_state(self) -> bool:
+        """Read events and the snapshot from Redis once; False while Redis is away."""
+        try:
+            snap = self.store.load_snapshot()
+            events = self.store.load_events()
+        except StoreUnavailable as exc:
+            self.metrics.redis_up.set(0)
+            log.warning("redis unavailable, waiting before detecting: %s", exc)
+            return False
+        self.metrics.redis_up.set(1)
+        if snap is not None and not self.engine.restore(*snap):
+            log.warning("snapshot taken with other settings; starting the detectors afresh")
+        for job, doc in events.items():
+            self.engine.jobs[job] = JobEvent.from_json(doc)
+        for ev in self.engine.jobs.values():
+            self._show(ev)
+            if ev.open:
+                self._culprit_due[ev.job] = 0 if not ev.suspects else self.settings.culprit_every
+        self.loaded = True
+        log.info("state loaded: %d series, %d jobs, %d open events", self.engine.n_series,
+                 len(self.engine.jobs), sum(e.open for e in self.engine.jobs.values()))
+        return True
+
+    def _persist(self, snapshot: bool) -> None:
+        try:
+            if not self._dirty and not snapshot:
+                self.store.ping()  # nothing to write: still find out whether Redis is there
+            self.store.save_events({j: self.engine.jobs[j].to_json() for j in self._dirty if j in self.engine.jobs})
+            self._dirty.clear()
+            if snapshot:
+                self.store.save_snapshot(*self.engine.snapshot())
+            self.metrics.redis_up.set(1)
+        except StoreUnavailable as exc:
+            self.metrics.redis_up.set(0)
+            log.warning("redis unavailable, keeping state in memory: %s", exc)
+
+    def _show(self, ev: JobEvent) -> None:
+        self._shown.add(ev.job)
+        self.metrics.show_job(ev.job, ev.open, ev.ratio, ev.onset_ts, ev.suspects)
+
+    # ------------------------------------------------------------------ one poll
+    def _samples(self) -> tuple[dict[Key, float], dict[Key, dict[str, str]], float | None]:
+        metric = self.settings.metric
+        values = self.prom.query(metric)
+        stamps = self.prom.query(f"timestamp({metric})")
+        ts_of = {(s.labels.get("job", ""), s.labels.get("rank", "")): s.value for s in stamps}
+        samples: dict[Key, float] = {}
+        labels: dict[Key, dict[str, str]] = {}
+        fresh: list[float] = []
+        for s in values:
+            key = (s.labels.get("job", ""), s.labels.get("rank", ""))
+            if not key[0]:
+                continue
+            stamp = ts_of.get(key, math.nan)
+            # A sample Prometheus already gave us is not new: feed it as missing.
+            new = not (stamp == stamp and self._last_ts.get(key) == stamp)
+            self._last_ts[key] = stamp
+            samples[key] = s.value if new and s.value > 0 and math.isfinite(s.value) else math.nan
+            if new and stamp == stamp:
+                fresh.append(stamp)
+            if key not in self.engine.labels:
+                labels[key] = {k: v for k, v in s.labels.items() if k != "__name__"}
+        return samples, labels, (float(sorted(fresh)[len(fresh) // 2]) if fresh else None)
+
+    def poll_once(self) -> bool:
+        """One poll; returns whether it succeeded."""
+        t0 = time.perf_counter()
+        if not self.loaded and not self.load_state():
+            self.metrics.poll_ok.set(0)
+            return False
+        now = self.clock()
+        try:
+            samples, labels, sample_ts = self._samples()
+        except PromUnavailable as exc:
+            self.metrics.prom_up.set(0)
+            self.metrics.poll_ok.set(0)
+            log.warning("prometheus unavailable: %s", exc)
+            return False
+        self.metrics.prom_up.set(1)
+        changes = self.engine.step(now, samples, labels, sample_ts)
+        for ch in changes:
+            self._on_change(ch)
+        for ev in self.engine.jobs.values():
+            if ev.open:
+                self.metrics.ratio.labels(ev.job).set(ev.ratio)
+            elif ev.job not in self._shown:
+                self._show(ev)
+        self._culprits(now)
+        self.polls += 1
+        self._persist(snapshot=self.polls % self.settings.snapshot_every == 0)
+        self.metrics.series.set(self.engine.n_series)
+        self.metrics.poll_ok.set(1)
+        self.metrics.poll_ts.set(now)
+        self.metrics.poll_s.set(time.perf_counter() - t0)
+        return True
+
+    def _on_change(self, ch: Change) -> None:
+        ev = ch.event
+        self._dirty.add(ev.job)
+        if ch.what == "opened":
+            log.info("fail-slow opened: job=%s ratio=%.3f onset=%.3f", ev.job, ev.ratio, ev.onset_ts)
+            self.metrics.events.labels(ev.job).inc()
+            self._culprit_due[ev.job] = 0
+        elif ch.what == "closed":
+            log.info("fail-slow closed: job=%s", ev.job)
+            self._culprit_due.pop(ev.job, None)
+        self._show(ev)
+
+    def _culprits(self, now: float) -> None:
+        for job, due in list(self._culprit_due.items()):
+            ev = self.engine.jobs.get(job)
+            if ev is None or not ev.open:
+                self._culprit_due.pop(job, None)
+                continue
+            if due > 0:
+                self._culprit_due[job] = due - 1
+                continue
+            ranks: dict[int, dict[str, str]] = {}
+            for (j, r), lab in self.engine.labels.items():
+                if j == job and r.isdigit():
+                    ranks[int(r)] = lab
+            window = min(self.settings.culprit_window_s, max(now - ev.onset_ts, 3 * self.settings.poll_interval_s))
+            try:
+                analysis, names = analyse_job(self.prom, job, window, ranks)
+            except PromUnavailable as exc:
+                log.warning("culprit analysis for %s postponed: %s", job, exc)
+                continue
+            except Exception:  # an analysis bug must not stop detection for every other job
+                log.exception("culprit analysis for %s failed", job)
+                self._culprit_due[job] = self.settings.culprit_every
+                continue
+            ev.suspects = suspects(analysis, names, self.settings.max_suspects)
+            self._culprit_due[job] = self.settings.culprit_every
+            self._dirty.add(job)
+            self._show(ev)
+            log.info("culprits for %s: %s", job, ev.suspects)
+
+    def save_now(self) -> None:
+        """Persist everything (on shutdown)."""
+        self._dirty.update(self.engine.jobs)
+        self._persist(snapshot=True)
+
+    def run(self, stop: Callable[[], bool]) -> None:
+        """Poll every ``poll_interval_s`` until ``stop()``; a slow poll is followed at once by the next."""
+        nxt = time.monotonic()
+        while not stop():
+            self.poll_once()
+            nxt += self.settings.poll_interval_s
+            delay = nxt - time.monotonic()
+            if delay < 0:
+                nxt = time.monotonic()
+                continue
+            end = time.monotonic() + delay
+            while not stop() and time.monotonic() < end:
+                time.sleep(min(0.05, max(0.0, end - time.monotonic())))
+
+
+def build(settings: Settings, registry: Any = None) -> Detector:
+    """A detector wired to the real Prometheus and Redis named in ``settings``."""
+    return Detector(settings, PromClient(settings.prometheus_url, settings.query_timeout_s),
+                    RedisStore(settings.redis_url, settings.redis_prefix, settings.query_timeout_s),
+                    DetectorMetrics(registry))

@@ -1,0 +1,48 @@
+"""Detector configuration: one `Settings`, read from ``FAILSLOW_DETECTOR_*`` variables in `main()`."""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Everything the detector service can be told; built once in `main()` and passed down.
+
+    Attributes:
+        prometheus_url: Base URL of the Prometheus HTTP API.
+        redis_url: Redis holding open events and the detector snapshot.
+        redis_prefix: Prefix of every Redis key the detector owns.
+        port: HTTP port of the detector's own ``/metrics`` (0 picks a free one; the bound port is logged).
+        address: Address to bind.
+        poll_interval_s: Seconds between polls of Prometheus (one sample per rank per poll).
+        query_timeout_s: Timeout of one Prometheus or Redis request.
+        metric: The per-rank iteration-time series to watch.
+        method: Detection method (bocd-v, bocd, window).
+        threshold: Relative rise that opens an event (and the verification threshold of bocd-v).
+        quorum: Fraction of a job's ranks whose detector must see the slowdown to open the job's event.
+        dtype: Precision of the BOCD state (float32 halves memory and time at thousands of ranks).
+        snapshot_every: Polls between snapshots of the detector state to Redis.
+        culprit_window_s: Longest window of the per-communicator averages used for culprit analysis.
+        culprit_every: Polls between re-runs of culprit analysis while an event is open.
+        max_suspects: Most suspect series exported per job (bounded label sets).
+    """
+
+    model_config = SettingsConfigDict(env_prefix="FAILSLOW_DETECTOR_", extra="ignore")
+
+    prometheus_url: str = "http://127.0.0.1:9090"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_prefix: str = "failslow:detector"
+    port: int = Field(9402, ge=0, le=65535)
+    address: str = "0.0.0.0"
+    poll_interval_s: float = Field(15.0, gt=0)
+    query_timeout_s: float = Field(10.0, gt=0)
+    metric: str = "failslow_iteration_duration_seconds"
+    method: str = "bocd-v"
+    threshold: float = Field(0.10, gt=0, lt=10)
+    quorum: float = Field(0.5, gt=0, le=1)
+    dtype: str = Field("float32", pattern="^float(32|64)$")
+    snapshot_every: int = Field(20, ge=1)
+    culprit_window_s: float = Field(300.0, gt=0)
+    culprit_every: int = Field(20, ge=1)
+    max_suspects: int = Field(4, ge=1, le=64)

@@ -1,0 +1,34 @@
+"""`failslow detector`: run the detector service (same as `python -m detector`)."""
+
+from __future__ import annotations
+
+import argparse
+
+HELP = "run the streaming fail-slow detector service (polls Prometheus, state in Redis)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Options override the FAILSLOW_DETECTOR_* environment."""
+    p.add_argument("--prometheus-url", help="Prometheus base URL (FAILSLOW_DETECTOR_PROMETHEUS_URL)")
+    p.add_argument("--redis-url", help="Redis URL (FAILSLOW_DETECTOR_REDIS_URL)")
+    p.add_argument("--port", type=int, help="port of the detector's /metrics (FAILSLOW_DETECTOR_PORT)")
+    p.add_argument("--address", help="address to bind (FAILSLOW_DETECTOR_ADDRESS)")
+    p.add_argument("--poll-interval", type=float, help="seconds between polls (FAILSLOW_DETECTOR_POLL_INTERVAL_S)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build Settings from env plus options and run the service."""
+    from pydantic import ValidationError
+
+    from detector.__main__ import main
+    from detector.settings import Settings
+    from failslow.errors import InputError
+
+    over = {k: v for k, v in {"prometheus_url": args.prometheus_url, "redis_url": args.redis_url,
+                              "port": args.port, "address": args.address,
+                              "poll_interval_s": args.poll_interval}.items() if v is not None}
+    try:
+        settings = Settings(**over)
+    except ValidationError as exc:
+        raise InputError(str(exc).replace("\n", " ")) from exc
+    return main(settings)

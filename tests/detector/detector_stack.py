@@ -1,0 +1,233 @@
+"""Real Prometheus, Redis and a small exporter endpoint for the detector tests (started, stopped by PID).
+
+Nothing here is mocked: `/usr/bin/prometheus` scrapes a prometheus-client HTTP endpoint that the test
+drives, `/usr/bin/redis-server` keeps an append-only file in a temp dir so a restart keeps its data.
+A component that cannot start raises, so the test fails.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
+
+PROMETHEUS = "/usr/bin/prometheus"
+REDIS = "/usr/bin/redis-server"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(pred: object, timeout: float, what: str) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        try:
+            if pred():  # type: ignore[operator]
+                return
+        except Exception:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not come up within {timeout}s")
+
+
+class Proc:
+    """A child process we started, stopped by its own PID."""
+
+    def __init__(self, argv: list[str], log: Path, cwd: Path) -> None:
+        self.argv, self.log, self.cwd = argv, log, cwd
+        self.p: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "ab") as out:
+            self.p = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd)
+
+    def stop(self) -> None:
+        if self.p is not None and self.p.poll() is None:
+            self.p.send_signal(signal.SIGTERM)
+            try:
+                self.p.wait(15)
+            except subprocess.TimeoutExpired:
+                self.p.kill()
+                self.p.wait(5)
+        self.p = None
+
+    def kill(self) -> None:
+        if self.p is not None and self.p.poll() is None:
+            self.p.kill()
+            self.p.wait(5)
+        self.p = None
+
+
+class Redis(Proc):
+    """redis-server on a free loopback port with an append-only file (survives restarts)."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.port = free_port()
+        d = tmp / "redis"
+        d.mkdir(exist_ok=True)
+        super().__init__([REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(d),
+                          "--appendonly", "yes", "--appendfsync", "always", "--save", "",
+                          "--protected-mode", "no"], tmp / "redis.log", d)
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        super().start()
+        import redis as redis_lib
+        _wait(lambda: redis_lib.Redis(port=self.port, socket_timeout=1).ping(), 20, "redis-server")
+
+
+class Prometheus(Proc):
+    """/usr/bin/prometheus on a free loopback port scraping ``targets`` every ``interval``."""
+
+    def __init__(self, tmp: Path, targets: Iterable[str], interval: str = "200ms") -> None:
+        self.port = free_port()
+        d = tmp / "prom"
+        d.mkdir(exist_ok=True)
+        cfg = d / "prometheus.yml"
+        tl = ", ".join(f'"{t}"' for t in targets)
+        cfg.write_text(
+            f"global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: 1s\n"
+            "scrape_configs:\n  - job_name: failslow\n    honor_labels: true\n"
+            f"    static_configs:\n      - targets: [{tl}]\n")
+        super().__init__([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={d / 'data'}",
+                          f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
+                         tmp / "prometheus.log", d)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        super().start()
+        _wait(lambda: requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200, 30, "prometheus")
+
+
+@dataclass(eq=False)  # hashable by identity: the registry keys collectors
+class FakeJob:
+    """What a node agent would publish for one job, driven by the test (values in seconds).
+
+    ``slow_rank`` makes that rank compute ``factor`` times longer (its DP peer waits inside the all-reduce);
+    ``slow_node`` makes every communicator spanning that node transfer ``factor`` times slower.
+    """
+
+    job: str = "train"
+    dp: int = 2
+    pp: int = 2
+    base: float = 1.0
+    slow_rank: int | None = None
+    slow_node: int | None = None
+    factor: float = 1.5
+    tick: int = 0
+    counts: dict[tuple[int, str], float] = field(default_factory=dict)
+    sums: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    @property
+    def world(self) -> int:
+        return self.dp * self.pp
+
+    def coords(self, r: int) -> tuple[int, int]:
+        return r % self.dp, r // self.dp  # (dp_rank, pp_rank), tp = 1
+
+    def comms(self) -> dict[str, tuple[str, list[int]]]:
+        out: dict[str, tuple[str, list[int]]] = {}
+        for pp in range(self.pp):
+            out[f"dp{pp}"] = ("dp", [pp * self.dp + d for d in range(self.dp)])
+        for d in range(self.dp):
+            out[f"pp{d}"] = ("pp", [p * self.dp + d for p in range(self.pp)])
+        return out
+
+    def step(self) -> None:
+        """One exporter window: per-call means and the resulting iteration times."""
+        self.tick += 1
+        jitter = 1.0 + 0.01 * ((self.tick * 7919) % 13 - 6) / 6.0
+        compute = {r: 0.8 * (self.factor if r == self.slow_rank else 1.0) for r in range(self.world)}
+        slowest = max(compute.values())
+        for name, (_kind, ranks) in self.comms().items():
+            link = self.factor if self.slow_node is not None and self.slow_node in ranks else 1.0
+            transfer = 0.05 * link
+            arrive = {r: compute[r] for r in ranks}
+            last = max(arrive.values())
+            for r in ranks:
+                self.sums[(r, name)] = self.sums.get((r, name), 0.0) + (last - arrive[r]) + 10 * transfer
+                self.counts[(r, name)] = self.counts.get((r, name), 0.0) + 10
+        link_extra = 0.3 * (self.factor - 1) if self.slow_node is not None else 0.0
+        # Swap whole dicts: the HTTP thread may be reading the previous ones.
+        self._compute = compute
+        self._iter = {r: (slowest + 0.2 + link_extra) * self.base * jitter for r in range(self.world)}
+
+    def collect(self) -> Iterable[object]:
+        lab = ["job", "rank", "dp_rank", "pp_rank", "tp_rank", "node"]
+        it = GaugeMetricFamily("failslow_iteration_duration_seconds", "iteration time", labels=lab)
+        cs = GaugeMetricFamily("failslow_iteration_compute_seconds", "outside calls", labels=lab)
+        for r in range(self.world):
+            d, p = self.coords(r)
+            labels = [self.job, str(r), str(d), str(p), "0", f"node{r}"]
+            it.add_metric(labels, self._iter[r])
+            cs.add_metric(labels, self._compute[r])
+        yield it
+        yield cs
+        summ = SummaryMetricFamily("failslow_comm_call_duration_seconds", "calls",
+                                   labels=["job", "rank", "comm", "op", "nranks"])
+        info = GaugeMetricFamily("failslow_comm_info", "comms",
+                                 labels=["job", "rank", "comm", "nranks", "comm_rank", "group"])
+        for name, (kind, ranks) in self.comms().items():
+            for i, r in enumerate(ranks):
+                summ.add_metric([self.job, str(r), name, "AllReduce" if kind == "dp" else "Send",
+                                 str(len(ranks))], count_value=self.counts[(r, name)],
+                                sum_value=self.sums[(r, name)])
+                info.add_metric([self.job, str(r), name, str(len(ranks)), str(i), kind], 1.0)
+        yield summ
+        yield info
+
+
+class Endpoint:
+    """A real prometheus-client HTTP endpoint serving FakeJobs, re-stepped every ``period`` seconds."""
+
+    def __init__(self, jobs: list[FakeJob], period: float = 0.2) -> None:
+        self.jobs = jobs
+        self.port = free_port()
+        self.registry = CollectorRegistry()
+        for j in jobs:
+            j.step()
+            self.registry.register(j)  # type: ignore[arg-type]
+        self.server, self._thread = start_http_server(self.port, "127.0.0.1", registry=self.registry)
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._run, args=(period,), daemon=True)
+        self._ticker.start()
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _run(self, period: float) -> None:
+        while not self._stop.wait(period):
+            for j in self.jobs:
+                j.step()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.server.shutdown()
+
+
+def env_without_proxy() -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
+        env.pop(k, None)
+    env["NO_PROXY"] = "127.0.0.1,localhost"
+    return env

@@ -1,0 +1,232 @@
+"""The detector service against a REAL Prometheus and a REAL Redis, including restarts of both.
+
+Prometheus scrapes a prometheus-client endpoint that plays a DP2 x PP2 job's node agents; the test
+injects a slow rank or a slow node link there and drives the detector poll by poll.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis as redis_lib
+import requests
+from detector_stack import Endpoint, FakeJob, Prometheus, Redis, env_without_proxy, free_port
+from prometheus_client import CollectorRegistry, generate_latest
+
+from detector.metrics import DetectorMetrics
+from detector.service import Detector, build
+from detector.settings import Settings
+
+SCRAPE = 0.1
+
+
+@pytest.fixture
+def stack(tmp_path: Path) -> Iterator[tuple[FakeJob, Endpoint, Prometheus, Redis]]:
+    job = FakeJob()
+    ep = Endpoint([job], period=SCRAPE)
+    prom = Prometheus(tmp_path, [ep.target], interval=f"{int(SCRAPE * 1000)}ms")
+    red = Redis(tmp_path)
+    try:
+        red.start()
+        prom.start()
+        yield job, ep, prom, red
+    finally:
+        prom.stop()
+        red.stop()
+        ep.close()
+
+
+def _settings(prom: Prometheus, red: Redis, **kw: object) -> Settings:
+    base = {"prometheus_url": prom.url, "redis_url": red.url, "poll_interval_s": SCRAPE, "query_timeout_s": 2.0,
+            "snapshot_every": 5, "culprit_every": 5, "port": 0, "address": "127.0.0.1"}
+    base.update(kw)
+    return Settings(**base)  # type: ignore[arg-type]
+
+
+def _value(det: Detector, name: str, **labels: str) -> float | None:
+    v = det.metrics.registry.get_sample_value(name, labels)
+    return None if v is None else float(v)
+
+
+def _poll(det: Detector, n: int, until: object = None) -> int:
+    """Poll up to n times, one scrape apart; stop early when until(det) holds. Returns polls made."""
+    for k in range(n):
+        time.sleep(SCRAPE * 1.1)
+        det.poll_once()
+        if until is not None and until(det):  # type: ignore[operator]
+            return k + 1
+    return n
+
+
+def _wait_for_samples(det: Detector) -> None:
+    for _ in range(100):
+        if det.poll_once() and det.engine.n_series == 4:
+            return
+        time.sleep(SCRAPE)
+    raise AssertionError("the detector never saw the job's 4 ranks through Prometheus")
+
+
+def test_compute_fault_detected_named_persisted_and_survives_restarts(stack) -> None:
+    job, _ep, prom, red = stack
+    settings = _settings(prom, red)
+    det = build(settings, CollectorRegistry())
+    _wait_for_samples(det)
+    _poll(det, 15)
+    assert _value(det, "failslow_detector_failslow", job="train") == 0.0
+    assert _value(det, "failslow_detector_prometheus_up") == 1.0
+    assert _value(det, "failslow_detector_redis_up") == 1.0
+    assert _value(det, "failslow_detector_series") == 4.0
+
+    t_fault = time.time()
+    job.slow_rank = 3
+    polls = _poll(det, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 1.0)
+    assert _value(det, "failslow_detector_failslow", job="train") == 1.0, "slowdown not detected"
+    assert polls <= 15
+    onset = _value(det, "failslow_detector_onset_timestamp_seconds", job="train")
+    assert onset is not None and t_fault - 2 * SCRAPE <= onset <= t_fault + 6 * SCRAPE
+    assert _value(det, "failslow_detector_slowdown_ratio", job="train") == pytest.approx(1.4, rel=0.05)
+    assert _value(det, "failslow_detector_events_total", job="train") == 1.0
+    _poll(det, 2)
+    # The culprit is the slow rank, not its DP peer that waits for it, and no link is blamed.
+    ev = det.engine.jobs["train"]
+    assert [(s["kind"], s["rank"]) for s in ev.suspects] == [("compute", "3")], ev.suspects
+    assert _value(det, "failslow_detector_suspect", job="train", kind="compute", rank="3", node="node3") > 0.5
+    stored = json.loads(redis_lib.Redis.from_url(red.url).hget(f"{settings.redis_prefix}:events", "train"))
+    assert stored["open"] is True and stored["onset_ts"] == pytest.approx(onset)
+
+    # Redis goes away: the detector keeps detecting and says so; it comes back: state is written again.
+    red.stop()
+    assert _poll(det, 2) == 2
+    assert _value(det, "failslow_detector_redis_up") == 0.0
+    assert _value(det, "failslow_detector_last_poll_success") == 1.0
+    red.start()
+    _poll(det, 5)
+    assert _value(det, "failslow_detector_redis_up") == 1.0
+
+    # The detector restarts: the open event comes back from Redis with its onset, and does not fire again.
+    det.save_now()
+    det2 = build(settings, CollectorRegistry())
+    _poll(det2, 10)
+    assert _value(det2, "failslow_detector_failslow", job="train") == 1.0
+    assert _value(det2, "failslow_detector_onset_timestamp_seconds", job="train") == pytest.approx(onset)
+    assert _value(det2, "failslow_detector_events_total", job="train") is None  # nothing opened anew
+    assert det2.engine.jobs["train"].events == 1
+
+    # Prometheus restarts: polls fail and say so, then resume on the same data.
+    prom.stop()
+    assert not det2.poll_once()
+    assert _value(det2, "failslow_detector_prometheus_up") == 0.0
+    assert _value(det2, "failslow_detector_last_poll_success") == 0.0
+    restarted = time.time()
+    prom.start()
+    _poll(det2, 30, lambda d: _value(d, "failslow_detector_prometheus_up") == 1.0)
+    assert _value(det2, "failslow_detector_last_poll_success") == 1.0
+    # Until the restarted Prometheus scrapes again it serves the old samples; they are not fed twice.
+    _poll(det2, 100, lambda d: min(d._last_ts.values()) > restarted)
+
+    # The fault ends: the event closes, the suspects go, and a recovery is stored.
+    job.slow_rank = None
+    _poll(det2, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 0.0)
+    assert _value(det2, "failslow_detector_failslow", job="train") == 0.0
+    assert _value(det2, "failslow_detector_slowdown_ratio", job="train") == 1.0
+    assert "failslow_detector_suspect{" not in generate_latest(det2.metrics.registry).decode()
+    stored = json.loads(redis_lib.Redis.from_url(red.url).hget(f"{settings.redis_prefix}:events", "train"))
+    assert stored["open"] is False and stored["closed_ts"] > onset
+
+
+def test_link_fault_names_the_node_not_the_ranks(stack) -> None:
+    job, _ep, prom, red = stack
+    det = build(_settings(prom, red), CollectorRegistry())
+    _wait_for_samples(det)
+    _poll(det, 15)
+    job.slow_node = 1
+    _poll(det, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 1.0)
+    assert _value(det, "failslow_detector_failslow", job="train") == 1.0
+    _poll(det, 2)
+    sus = det.engine.jobs["train"].suspects
+    assert [(s["kind"], s["node"]) for s in sus] == [("link", "node1")], sus
+    assert _value(det, "failslow_detector_suspect", job="train", kind="link", rank="", node="node1") > 0.5
+
+
+def test_waits_for_redis_before_detecting(tmp_path: Path) -> None:
+    """Redis away at start: no detection (it could re-fire a stored event), metrics say why."""
+    job = FakeJob()
+    ep = Endpoint([job], period=SCRAPE)
+    prom = Prometheus(tmp_path, [ep.target])
+    red = Redis(tmp_path)
+    try:
+        prom.start()
+        det = build(_settings(prom, red), CollectorRegistry())
+        assert not det.poll_once()
+        assert _value(det, "failslow_detector_redis_up") == 0.0
+        assert _value(det, "failslow_detector_last_poll_success") == 0.0
+        assert det.engine.n_series == 0
+        red.start()
+        assert det.poll_once()
+        assert _value(det, "failslow_detector_redis_up") == 1.0
+    finally:
+        prom.stop()
+        red.stop()
+        ep.close()
+
+
+def test_service_process_serves_metrics_and_saves_on_sigterm(stack) -> None:
+    _job, _ep, prom, red = stack
+    port = free_port()
+    env = env_without_proxy()
+    env.update({"FAILSLOW_DETECTOR_PROMETHEUS_URL": prom.url, "FAILSLOW_DETECTOR_REDIS_URL": red.url,
+                "FAILSLOW_DETECTOR_PORT": str(port), "FAILSLOW_DETECTOR_ADDRESS": "127.0.0.1",
+                "FAILSLOW_DETECTOR_POLL_INTERVAL_S": str(SCRAPE)})
+    p = subprocess.Popen([sys.executable, "-m", "detector"], env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    try:
+        text = ""
+        for _ in range(100):
+            time.sleep(0.2)
+            try:
+                text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=1).text
+            except requests.RequestException:
+                continue
+            if "failslow_detector_series 4.0" in text:
+                break
+        assert "failslow_detector_up 1.0" in text
+        assert "failslow_detector_prometheus_up 1.0" in text
+        assert 'failslow_detector_failslow{job="train"} 0.0' in text
+        red.stop()
+        time.sleep(1.0)
+        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        assert "failslow_detector_redis_up 0.0" in text and p.poll() is None
+        red.start()
+        time.sleep(1.0)
+        p.terminate()
+        assert p.wait(20) == 0
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait(5)
+    snap = redis_lib.Redis.from_url(red.url).get("failslow:detector:snapshot:meta")
+    assert snap is not None and sorted(json.loads(snap)["keys"]) == [["train", str(r)] for r in range(4)]
+
+
+def test_cli_rejects_bad_settings(failslow_cmd: list[str]) -> None:
+    p = subprocess.run([*failslow_cmd, "detector", "--poll-interval", "-1"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and p.stderr.startswith("failslow detector: ")
+
+
+def test_metrics_bounded_suspect_series() -> None:
+    m = DetectorMetrics(CollectorRegistry())
+    sus = [{"kind": "compute", "rank": str(r), "node": "n", "confidence": 0.9} for r in range(3)]
+    m.show_job("j", True, 1.5, 100.0, sus)
+    m.show_job("j", True, 1.5, 100.0, sus[:1])
+    out = generate_latest(m.registry).decode()
+    assert out.count("failslow_detector_suspect{") == 1
+    m.show_job("j", False, 1.0, 0.0, [])
+    out = generate_latest(m.registry).decode()
+    assert "failslow_detector_suspect{" not in out and "failslow_detector_onset_timestamp_seconds{" not in out
