@@ -88,6 +88,8 @@ def rebalance(weights: Sequence[float], total: int, minimum: int = 1) -> list[in
 class TestbedAdapter:
     """:class:`TrainingAdapter` over a :class:`testbed.launcher.Testbed` in this process."""
 
+    __test__ = False  # not a pytest test class despite the name
+
     def __init__(self, testbed: Any) -> None:
         self.tb = testbed
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -78,8 +77,14 @@ def check_writable(path: Path, what: str) -> None:
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise InputError(f"{what} {path}: directory {parent} does not exist")
-    if not os.access(parent, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise InputError(f"{what} {path} is not writable")
+    existed = path.exists()
+    try:  # the only reliable check (root passes os.access on read-only mounts such as /proc)
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise InputError(f"{what} {path} is not writable: {exc.strerror}") from None
+    if not existed:
+        path.unlink()
 
 
 def run(args: argparse.Namespace) -> int:

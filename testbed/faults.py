@@ -417,7 +417,7 @@ def parse_spec(spec: str) -> Fault:
     for item in rest.split(","):
         key, eq, value = item.partition("=")
         key = key.strip()
-        if not eq or not key or not value.strip():
+        if not eq or not key or not value.strip() or "=" in value or " " in value.strip():
             raise InputError(f"bad item {item!r} in fault spec {spec!r} (want key=value)")
         if key not in required | optional | _SCHEDULE_KEYS:
             allowed = ", ".join(sorted(required | optional | _SCHEDULE_KEYS))

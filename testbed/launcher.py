@@ -18,6 +18,7 @@ import contextlib
 import ctypes
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,7 +36,7 @@ from testbed.cgroup import CpuCgroup, cpu_controller_available
 from testbed.config import ModelConfig
 from testbed.faults import Fault, parse_spec
 from testbed.netns import NetCluster, have_root
-from testbed.state import ENV_PREFIX, StateFile, cleanup, kill_process, new_prefix
+from testbed.state import ENV_PREFIX, StateFile, cleanup, kill_process, new_prefix, pid_alive
 from testbed.trace import write_trace
 
 CONTROL_LEAD_ITERS = 3  # control changes apply this many iterations after the fastest rank's last one
@@ -66,9 +67,10 @@ class JobConfig:
     placement: list[int] | None = None  # node of each rank; default rank // ranks_per_node
     microbatches: list[int] | None = None  # per DP replica from the start; default micro_batches each
     resume_dir: str | None = None
-    dump_grads_iter: int | None = None
+    dump_grads_iters: list[int] = field(default_factory=list)  # save the reduced gradient at these iterations
+    repeat_data: bool = False  # every iteration trains on iteration 0's batch (gradient comparisons)
     timeout_s: float = 300.0
-    cpu_weight: float = 4.0  # job cgroup weight in ordinary processes per rank; 0: no job cgroup
+    cpu_weight: float = 2.0  # job cgroup weight in ordinary processes per rank; 0: no job cgroup
 
     def layout(self) -> Layout:
         """The parallel layout (ranks per node defaults to the TP size: one TP group per node)."""
@@ -113,6 +115,70 @@ def _pdeathsig() -> None:
     libc.prctl(1, signal.SIGKILL)
 
 
+class RankProcess:
+    """A rank forked by the zygote: its pid and exit status (from the zygote's exit files)."""
+
+    def __init__(self, pid: int, exit_dir: Path, zygote: subprocess.Popen[bytes]) -> None:
+        self.pid, self.exit_dir, self._zygote = pid, exit_dir, zygote
+
+    def poll(self) -> int | None:
+        """Exit status, or None while running."""
+        f = self.exit_dir / str(self.pid)
+        if f.exists():
+            return int(f.read_text())
+        if self._zygote.poll() is not None and not pid_alive(self.pid):
+            return -signal.SIGKILL  # the zygote is gone and took the rank with it
+        return None
+
+
+class Zygote:
+    """The fork server process (testbed.zygote) and its request pipe."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], exit_dir: Path) -> None:
+        self.proc, self.exit_dir = proc, exit_dir
+
+    @classmethod
+    def start(cls, exit_dir: Path, env: dict[str, str], on_started: Callable[[int], None] | None = None) -> Zygote:
+        """Start the zygote and wait until it has imported torch (`on_started(pid)` runs before the wait)."""
+        proc = subprocess.Popen([sys.executable, "-m", "testbed.zygote", str(exit_dir)], env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                preexec_fn=_pdeathsig, cwd=str(Path(__file__).resolve().parent.parent))
+        z = cls(proc, exit_dir)
+        if on_started is not None:
+            on_started(proc.pid)
+        if z._read().get("ready") is not True:
+            raise TestbedError("zygote did not start")
+        return z
+
+    def _read(self) -> dict[str, Any]:
+        line = self.proc.stdout.readline() if self.proc.stdout is not None else b""
+        if not line:
+            err = self.proc.stderr.read().decode(errors="replace") if self.proc.stderr else ""
+            raise TestbedError(f"zygote exited ({self.proc.poll()}): {err[-2000:]}")
+        data: dict[str, Any] = json.loads(line)
+        return data
+
+    def spawn(self, req: dict[str, Any]) -> RankProcess:
+        """Fork one rank; returns its handle."""
+        if self.proc.stdin is None:
+            raise TestbedError("zygote has no request pipe")
+        self.proc.stdin.write((json.dumps(req) + "\n").encode())
+        self.proc.stdin.flush()
+        reply = self._read()
+        return RankProcess(int(reply["pid"]), self.exit_dir, self.proc)
+
+    def stop(self) -> None:
+        """Close the pipe (the zygote kills any child left) and reap the zygote."""
+        with contextlib.suppress(Exception):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(timeout=5)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -139,6 +205,8 @@ def signals_raise() -> Iterator[None]:
 class Testbed:
     """One testbed job: set-up, run, faults, control and report. Use as a context manager."""
 
+    __test__ = False  # not a pytest test class despite the name
+
     def __init__(self, config: JobConfig, faults: Sequence[str | Fault] = (), *, run_dir: str | Path | None = None,
                  on_iteration: Callable[[dict[str, Any]], None] | None = None, log: Callable[[str], None] | None = None):
         self.config = config
@@ -160,7 +228,8 @@ class Testbed:
         self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="failslow-testbed-"))
         self.prefix = new_prefix()
         self.state = StateFile.for_owner()
-        self.procs: dict[int, subprocess.Popen[bytes]] = {}
+        self.procs: dict[int, RankProcess] = {}
+        self._zyg: Zygote | None = None
         self.on_iteration, self.log = on_iteration, log or (lambda _m: None)
         self.records: dict[int, list[dict[str, Any]]] = {r: [] for r in range(self.world_size)}
         self._offsets: dict[int, int] = {}
@@ -224,12 +293,18 @@ class Testbed:
     def _max_completed(self) -> int:
         return max((recs[-1]["it"] + 1) if recs else self._start_iter for recs in self.records.values())
 
-    def _push(self, changes: dict[str, Any], apply_at: int | None = None) -> int:
-        """Append a control snapshot; returns the iteration from which every rank applies it."""
+    def _next_apply_at(self) -> int:
+        # far enough ahead that no rank has started that iteration yet, and never before an earlier
+        # snapshot: ranks take the last snapshot whose iteration has come, so order must be monotonic
         if self.procs:
             self.poll(check=False)
+        base = (self._max_completed() + CONTROL_LEAD_ITERS) if self.procs else self._start_iter
+        return max(base, self._snapshots[-1]["apply_at"] if self._snapshots else 0)
+
+    def _push(self, changes: dict[str, Any], apply_at: int | None = None) -> int:
+        """Append a control snapshot; returns the iteration from which every rank applies it."""
         if apply_at is None:
-            apply_at = (self._max_completed() + CONTROL_LEAD_ITERS) if self.procs else self._start_iter
+            apply_at = self._next_apply_at()
         snap = {**self._current(), **changes, "apply_at": apply_at}
         self._snapshots.append(snap)
         path = self.run_dir / "control.json"
@@ -259,12 +334,14 @@ class Testbed:
             The iteration the checkpoint resumes from.
         """
         directory = Path(directory)
-        after = self._max_completed() + CONTROL_LEAD_ITERS - 1
-        after = min(after, self.config.iterations - 1)
+        after = self._next_apply_at()
+        if after > self.config.iterations - 1:
+            raise TestbedError(f"the job ends (iteration {self.config.iterations}) before a checkpoint can be "
+                               f"taken at iteration {after}")
         changes: dict[str, Any] = {"checkpoint": {"dir": str(directory), "after_iter": after}}
         if stop:
             changes["stop_at"] = after + 1
-        self._push(changes, apply_at=min(after, self._max_completed() + CONTROL_LEAD_ITERS))
+        self._push(changes, apply_at=after)
         need = {r for r in range(self.world_size) if self.layout.coords(r).dp == 0}
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
@@ -313,7 +390,8 @@ class Testbed:
             "model": asdict(cfg.model), "seed": cfg.seed,
             "iterations": cfg.iterations, "micro_batches": cfg.micro_batches, "job": cfg.job,
             "torch_hook": cfg.torch_hook, "optimizer": {"lr": cfg.lr, "weight_decay": cfg.weight_decay},
-            "resume_dir": resume_dir, "dump_grads_iter": cfg.dump_grads_iter, "timeout_s": cfg.timeout_s,
+            "resume_dir": resume_dir, "dump_grads_iters": cfg.dump_grads_iters,
+            "repeat_data": cfg.repeat_data, "timeout_s": cfg.timeout_s,
             "segment": seg,
         }
         (self.run_dir / "config.json").write_text(json.dumps(run_cfg, indent=1))
@@ -321,6 +399,7 @@ class Testbed:
             master, port, ifname = self.net.address(self.placement[0]), 29500 + seg, self.net.nodes[0].ifname
         else:
             master, port, ifname = "127.0.0.1", _free_port(), "lo"
+        zygote = self._zygote()
         for rank in range(self.world_size):
             env = {**os.environ, "MASTER_ADDR": master, "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": ifname,
                    "RANK": str(rank), "WORLD_SIZE": str(self.world_size), "OMP_NUM_THREADS": "1",
@@ -328,30 +407,45 @@ class Testbed:
                    "PYTHONUNBUFFERED": "1"}
             if cfg.ring_dir:
                 env["FAILSLOW_SHM_DIR"] = cfg.ring_dir
-            argv = [sys.executable, "-m", "testbed.worker", str(self.run_dir), str(rank)]
-            if self.net is not None:
-                argv = self.net.exec_prefix(self.placement[rank]) + argv
-            logf = open(self.run_dir / "logs" / f"rank{rank}.seg{seg}.log", "wb")  # noqa: SIM115
-            try:
-                proc = subprocess.Popen(argv, env=env, stdout=logf, stderr=subprocess.STDOUT,
-                                        preexec_fn=_pdeathsig, cwd=str(Path(__file__).resolve().parent.parent))
-            finally:
-                logf.close()
+            req = {"rank": rank, "netns": self.net.nodes[self.placement[rank]].netns if self.net else None,
+                   "env": env, "log": str(self.run_dir / "logs" / f"rank{rank}.seg{seg}.log"),
+                   "argv": [str(self.run_dir), str(rank)]}
+            proc = zygote.spawn(req)
             self.state.add("pids", proc.pid)
             self.procs[rank] = proc
         self._place_in_cgroups()
+
+    def _zygote(self) -> Zygote:
+        if self._zyg is None:
+            env = {**os.environ, ENV_PREFIX: self.prefix, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+            self._zyg = Zygote.start(self.run_dir / "exits", env, on_started=self._into_job_cgroup)
+            self.state.add("pids", self._zyg.proc.pid)
+        return self._zyg
+
+    def _job_cgroup(self) -> CpuCgroup | None:
+        if not (have_root() and cpu_controller_available() and self.config.cpu_weight > 0):
+            return None
+        if self.job_cgroup is None:
+            self.job_cgroup = CpuCgroup.create("job", prefix=self.prefix, state=self.state)
+            self.job_cgroup.set_shares(int(1024 * self.world_size * self.config.cpu_weight))
+        return self.job_cgroup
+
+    def _into_job_cgroup(self, pid: int) -> None:
+        # the zygote imports torch for every rank: give that the job's weight too
+        job = self._job_cgroup()
+        if job is not None:
+            with contextlib.suppress(Exception):
+                job.add(pid)
 
     def _place_in_cgroups(self) -> None:
         # One cgroup per rank under a job cgroup. The job's CPU weight keeps measurements about the
         # injected faults rather than about whatever else loads this shared machine, and a CPU fault
         # only has to set a quota on the rank's cgroup.
-        if not (have_root() and cpu_controller_available() and self.config.cpu_weight > 0):
+        job = self._job_cgroup()
+        if job is None:
             return
-        if self.job_cgroup is None:
-            self.job_cgroup = CpuCgroup.create("job", prefix=self.prefix, state=self.state)
-            self.job_cgroup.set_shares(int(1024 * self.world_size * self.config.cpu_weight))
         for rank, proc in self.procs.items():
-            cg = self._rank_cgroups.get(rank) or self.job_cgroup.child(f"r{rank}")
+            cg = self._rank_cgroups.get(rank) or job.child(f"r{rank}")
             self._rank_cgroups[rank] = cg
             with contextlib.suppress(Exception):
                 cg.add(proc.pid)
@@ -570,6 +664,7 @@ class Testbed:
             "start_unix_s": self.start_unix,
             "end_unix_s": time.time(),
             "run_dir": str(self.run_dir),
+            "prefix": self.prefix,
         }
         if trace is not None:
             meta = write_trace(Path(trace), self.run_dir, lay, self.records)
@@ -587,13 +682,16 @@ class Testbed:
         for p in self.procs.values():
             if p.poll() is None:
                 kill_process(p.pid, grace_s=2.0)
-            with contextlib.suppress(Exception):
-                p.wait(timeout=5)
             self.state.remove("pids", p.pid)
+        if self._zyg is not None:
+            self._zyg.stop()
+            self.state.remove("pids", self._zyg.proc.pid)
         if self.job_cgroup is not None:
             self.job_cgroup.destroy()
         if self.net is not None:
             self.net.destroy()
+        if self._own_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
 
     def __enter__(self) -> Testbed:
         return self

@@ -31,6 +31,11 @@ from testbed.state import PREFIX, StateFile, new_prefix
 
 NODE_IFNAME = "eth0"
 DEFAULT_SUBNET = "10.77.0.0/24"
+LATENCY = "100ms"
+# Per-namespace TCP settings of the nodes. Gloo's connections idle between bursts (p2p per
+# micro-batch, one gradient all-reduce per iteration); with slow start after idle, a link that was
+# just throttled keeps collapsing the congestion window long after the throttle is gone.
+NODE_SYSCTLS = {"net.ipv4.tcp_slow_start_after_idle": "0", "net.ipv4.tcp_no_metrics_save": "1"}
 
 
 class NetError(RuntimeError):
@@ -142,6 +147,8 @@ class NetCluster:
                 ip(["addr", "add", f"{node.address}/{net.prefixlen}", "dev", node.ifname], node.netns)
                 ip(["link", "set", node.ifname, "up"], node.netns)
                 ip(["link", "set", "lo", "up"], node.netns)
+                for key, value in NODE_SYSCTLS.items():
+                    run_cmd(["ip", "netns", "exec", node.netns, "sysctl", "-q", "-w", f"{key}={value}"], check=False)
                 cluster.nodes.append(node)
         except BaseException:
             cluster.destroy()
@@ -210,7 +217,7 @@ def set_rate(netns: str, ifname: str, rate: str) -> None:
     bits = parse_rate(rate)
     burst = max(16_000, int(bits / 8 / 100))
     run_cmd(["ip", "netns", "exec", netns, "tc", "qdisc", "replace", "dev", ifname, "root", "tbf",
-             "rate", f"{int(bits)}bit", "burst", str(burst), "latency", "100ms"])
+             "rate", f"{int(bits)}bit", "burst", str(burst), "latency", LATENCY])
 
 
 def clear_rate(netns: str, ifname: str) -> None:

@@ -197,7 +197,8 @@ class Rank:
         def data(i: int) -> tuple[torch.Tensor, torch.Tensor]:
             if self.corpus is None:
                 raise RuntimeError("only the first and last stages read data")
-            return self.corpus.batch(it, offset + i, cfg.micro_batch_size, seq)
+            step = 0 if self.cfg.get("repeat_data") else it
+            return self.corpus.batch(step, offset + i, cfg.micro_batch_size, seq)
 
         def recv_buf() -> torch.Tensor:
             return torch.empty(shape)
@@ -308,10 +309,10 @@ class Rank:
                 g.copy_(flat[pos:pos + n].view_as(g))
                 pos += n
             self.trace.add(it, GRADS, t0, time.monotonic(), mc=0)
-        if self.cfg.get("dump_grads_iter") == it:
+        if it in self.cfg.get("dump_grads_iters", []):
             d = self.run_dir / "grads"
             d.mkdir(exist_ok=True)
-            torch.save(torch.cat([g.reshape(-1) for g in grads]), d / f"rank{self.rank}.pt")
+            torch.save(torch.cat([g.reshape(-1) for g in grads]), d / f"rank{self.rank}-it{it}.pt")
         t0 = time.monotonic()
         self.opt.step()
         self.trace.add(it, OPTIM, t0, time.monotonic())

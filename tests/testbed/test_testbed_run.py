@@ -1,0 +1,241 @@
+"""Real testbed jobs: training, report, trace, run-time faults and their effect, control knobs.
+
+Every job here starts real rank processes (torch.distributed over gloo) and, as root, real network
+namespaces, tc qdiscs and cgroups. They are small and short; nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import statistics
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+import torch
+import yaml
+
+from testbed.adapter import FileControlAdapter, TestbedAdapter, TrainingAdapter
+from testbed.config import ModelConfig
+from testbed.launcher import JobConfig, Testbed
+from testbed.netns import show_qdisc
+from testbed.state import leftovers
+
+ROOT = os.geteuid() == 0
+
+
+def _wait_until(tb: Testbed, done: int, timeout_s: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while tb.completed() < done:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"job did not reach iteration {done}")
+        tb.poll()
+        time.sleep(0.05)
+
+
+def _nothing_left(prefix: str) -> None:
+    assert leftovers(prefix) == {"namespaces": [], "cgroups": [], "processes": []}
+
+
+def test_run_cli_report_and_trace(failslow_cmd: list[str], tmp_path: Path) -> None:
+    report, trace = tmp_path / "report.json", tmp_path / "trace-job.parquet"
+    p = subprocess.run([*failslow_cmd, "testbed", "run", "--dp", "2", "--pp", "2", "--iterations", "8",
+                        "--micro-batches", "3", "--report", str(report), "--trace", str(trace), "--job", "t1"],
+                       capture_output=True, text=True, timeout=240, check=False)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(report.read_text())
+    assert rep["namespaces"] is ROOT and rep["layout"]["world_size"] == 4 and rep["layout"]["num_nodes"] == 4
+    assert sorted(rep["iteration_time_s"]) == ["0", "1", "2", "3"]
+    for r in "0123":
+        assert len(rep["iteration_time_s"][r]) == 8 and min(rep["iteration_time_s"][r]) > 0
+        ends = rep["iteration_end_unix_s"][r]
+        assert all(b > a for a, b in itertools.pairwise(ends))
+        assert rep["iterations"][r] == list(range(8))
+    # real training: the loss falls well below ln(256) = 5.55 of a uniform guess
+    assert len(rep["losses"]) == 8 and rep["losses"][0] > 5.0 and rep["losses"][-1] < rep["losses"][0] - 0.8
+    assert rep["faults"] == []
+    # trace in the what-if schema, Megatron op names, one compute op per micro-batch and direction
+    t = pq.read_table(trace).to_pydict()
+    assert list(t) == ["dp_rank", "stage", "rank", "step", "optype", "start_ts", "duration", "seq_id", "mc",
+                       "gmc", "mb_id"]
+    ops = set(t["optype"])
+    assert {"forward-compute", "backward-compute", "forward-send", "forward-recv", "backward-send",
+            "backward-recv", "grads-all-reduce", "optimizer"} <= ops
+    n = len(t["rank"])
+    for rank in range(4):
+        stage = rank // 2  # rank = dp + DP * pp
+        rows = [i for i in range(n) if t["rank"][i] == rank]
+        assert {t["stage"][i] for i in rows} == {stage} and {t["dp_rank"][i] for i in rows} == {rank % 2}
+        for step in range(8):
+            fwd = sorted(t["mb_id"][i] for i in rows if t["step"][i] == step and t["optype"][i] == "forward-compute")
+            assert fwd == [0, 1, 2]
+            sends = [i for i in rows if t["step"][i] == step and t["optype"][i] == "forward-send"]
+            assert len(sends) == (3 if stage == 0 else 0)
+    assert min(t["duration"]) >= 0 and min(t["start_ts"]) >= 0
+    meta = yaml.safe_load((tmp_path / "meta-job.yaml").read_text())
+    assert meta == {"trial_name": "job", "run_id": 0, "dp_size": 2, "dsp_size": 1, "pp_size": 2, "tp_size": 1,
+                    "vpp_size": 1, "world_size": 4}
+    _nothing_left(rep["prefix"])
+    assert not Path(rep["run_dir"]).exists()  # the temporary run directory goes too
+
+
+def _slowest(rep: dict[str, Any]) -> list[tuple[float, float, float]]:
+    """(start, end, duration) of each iteration, taking the slowest rank."""
+    ranks = list(rep["iteration_time_s"])
+    out = []
+    for i in range(min(len(rep["iteration_time_s"][r]) for r in ranks)):
+        end = max(rep["iteration_end_unix_s"][r][i] for r in ranks)
+        start = min(rep["iteration_end_unix_s"][r][i] - rep["iteration_time_s"][r][i] for r in ranks)
+        out.append((start, end, max(rep["iteration_time_s"][r][i] for r in ranks)))
+    return out
+
+
+def test_cpu_and_link_faults_at_run_time(tmp_path: Path) -> None:
+    """Python API: inject a CPU fault, then a link fault, mid-run; both really act and slow their iterations."""
+    cfg = JobConfig(dp=2, pp=2, iterations=18, micro_batches=4)
+    observed: dict[str, Any] = {}
+    with Testbed(cfg, run_dir=tmp_path / "run") as tb:
+        tb.start()
+        _wait_until(tb, 5)
+        # harsher than the benchmark's 0.3 so the effect shows even when neighbours load the machine
+        cpu = tb.inject("cpu:rank=3,quota=0.1")
+        cg = tb.rank_cgroup(3)
+        assert cg is not None
+        observed["quota_on"], observed["pids"] = cg.quota(), cg.pids()
+        _wait_until(tb, tb.completed() + 3)
+        tb.remove(cpu)
+        observed["quota_off"] = cg.quota()
+        _wait_until(tb, tb.completed() + 2)
+        link = tb.inject("link:node=1,rate=20mbit")
+        node_end, bridge_end = tb.link_devices(1)
+        observed["qdisc_on"] = [show_qdisc(*node_end), show_qdisc(*bridge_end)]
+        _wait_until(tb, tb.completed() + 3)
+        tb.remove(link)
+        observed["qdisc_off"] = [show_qdisc(*node_end), show_qdisc(*bridge_end)]
+        rank3_pid = tb.procs[3].pid
+        rep = tb.wait()
+    _nothing_left(rep["prefix"])
+    assert observed["quota_on"] == 0.1 and observed["quota_off"] is None and rank3_pid in observed["pids"]
+    assert all("tbf" in q and "20Mbit" in q for q in observed["qdisc_on"]), observed["qdisc_on"]
+    assert not any("tbf" in q for q in observed["qdisc_off"])
+    cpu_ep, link_ep = rep["faults"]
+    assert (cpu_ep["kind"], link_ep["kind"]) == ("cpu", "link")
+    assert cpu_ep["start_unix_s"] < cpu_ep["end_unix_s"] < link_ep["start_unix_s"] < link_ep["end_unix_s"]
+    # classify iterations from the report's wall-clock fields alone (what later issues score against)
+    its = _slowest(rep)[2:]  # first two: start-up
+    def overlaps(it: tuple[float, float, float], ep: dict[str, Any]) -> bool:
+        return it[0] < ep["end_unix_s"] and ep["start_unix_s"] < it[1]
+    healthy = [d for it in its if it[1] <= link_ep["start_unix_s"] and not overlaps(it, cpu_ep) for d in [it[2]]]
+    with_cpu = [it[2] for it in its if overlaps(it, cpu_ep)]
+    with_link = [it[2] for it in its if overlaps(it, link_ep)]
+    assert len(healthy) >= 3 and len(with_cpu) >= 3 and len(with_link) >= 3
+    base = statistics.median(healthy)
+    # behaviour with wide margins (measured ratios are in docs/testbed.md): the link stalls the 4 MB
+    # gradient all-reduce several-fold; a 0.1-CPU quota starves the faulty rank's compute
+    assert statistics.median(with_link) > 2.0 * base, (with_link, healthy)
+    assert statistics.median(with_cpu) > 1.2 * base, (with_cpu, healthy)
+
+
+def test_trainer_faults_and_tp(tmp_path: Path) -> None:
+    """GC pauses, sequence-length and stage imbalance act in the trainers; TP2 trains; poisson schedules."""
+    cfg = JobConfig(dp=2, pp=2, tp=1, iterations=6, micro_batches=2, namespaces=False)
+    specs = ["gc:rank=2,every=2,pause=0.2", "seqlen:dp=1,factor=1.5", "stage:pp=1,layers=+2"]
+    with Testbed(cfg, specs, run_dir=tmp_path / "a") as tb:
+        tb.start()
+        rep = tb.wait()
+        rep = tb.report(trace=tmp_path / "trace-a.csv")
+        recs = tb.records
+    assert rep["namespaces"] is False
+    for rank in range(4):
+        dp, pp = rank % 2, rank // 2
+        assert {r["seq_len"] for r in recs[rank]} == {96 if dp == 1 else 64}
+        assert {r["stage_factor"] for r in recs[rank]} == {2.0 if pp == 1 else 1.0}
+    lines = (tmp_path / "trace-a.csv").read_text().splitlines()
+    gc_rows = [row.split(",") for row in lines[1:] if ",gc," in row]
+    assert sorted(int(r[3]) for r in gc_rows) == [1, 3, 5] and {r[2] for r in gc_rows} == {"2"}
+    assert all(float(r[6]) >= 0.2 for r in gc_rows)
+
+    cfg = JobConfig(dp=1, pp=2, tp=2, iterations=8, micro_batches=2, model=ModelConfig(layers=2))
+    with Testbed(cfg, ["poisson:mean_gap=0.5,mean_dur=0.3,kinds=cpu,seed=3"], run_dir=tmp_path / "b") as tb:
+        tb.start()
+        rep = tb.wait()
+    assert rep["layout"]["num_nodes"] == 2 and len(rep["iteration_time_s"]) == 4
+    assert rep["losses"][-1] < rep["losses"][0] - 0.3
+    # 2 nodes of 2 TP ranks: placement follows the topology model
+    assert rep["placement"] == [0, 0, 1, 1]
+    if ROOT:
+        assert rep["faults"] and {f["kind"] for f in rep["faults"]} == {"cpu"}
+        assert all(f["parent"].startswith("poisson:") for f in rep["faults"])
+
+
+def test_rebalanced_microbatches_keep_the_gradient(tmp_path: Path) -> None:
+    """Moving micro-batches between DP replicas (total kept) leaves the global-batch gradient unchanged.
+
+    One job with lr = 0 and the same batch every iteration, so gradients of different iterations are
+    comparable; the micro-batch split changes at run time through the control channel.
+    """
+    cfg = JobConfig(dp=2, pp=2, iterations=12, micro_batches=4, lr=0.0, weight_decay=0.0, repeat_data=True,
+                    namespaces=False, model=ModelConfig(d_model=64, layers=2), dump_grads_iters=list(range(12)))
+    with Testbed(cfg, run_dir=tmp_path / "run") as tb:
+        tb.start()
+        _wait_until(tb, 1)
+        skew_at = tb.set_microbatches([6, 2])  # same global batch, 6 + 2 instead of 4 + 4
+        _wait_until(tb, skew_at + 1)
+        other_at = tb.set_microbatches([5, 2])  # one micro-batch fewer: a different global batch
+        rep = tb.wait()
+        recs = tb.records
+    assert other_at < 12
+    assert recs[0][0]["mb"] == 4 and recs[0][skew_at]["mb"] == 6 and recs[2][skew_at]["mb"] == 6
+    assert recs[1][skew_at]["mb"] == 2 and recs[1][other_at]["mb"] == 2 and recs[0][other_at]["mb"] == 5
+    assert len(rep["losses"]) == 12
+    grads = {it: [torch.load(tmp_path / "run" / "grads" / f"rank{r}-it{it}.pt") for r in range(4)]
+             for it in (0, skew_at, other_at)}
+    for even, skew in zip(grads[0], grads[skew_at], strict=True):
+        assert even.abs().max() > 0
+        torch.testing.assert_close(even, skew, rtol=1e-4, atol=1e-7)
+    # a different global batch does change it (the comparison can fail)
+    assert not torch.allclose(grads[0][0], grads[other_at][0], rtol=1e-4, atol=1e-7)
+
+
+def test_checkpoint_restart_new_placement_over_file_protocol(tmp_path: Path) -> None:
+    """An outside process's view: checkpoint and restart on other nodes through the run directory."""
+    cfg = JobConfig(dp=2, pp=1, iterations=10, micro_batches=2, model=ModelConfig(layers=2))
+    results: dict[str, Any] = {}
+    with Testbed(cfg, run_dir=tmp_path / "run") as tb:
+        tb.start()
+        _wait_until(tb, 2)
+        assert isinstance(TestbedAdapter(tb), TrainingAdapter)
+
+        def client() -> None:
+            try:
+                ad = FileControlAdapter(tmp_path / "run")
+                results["placement0"] = ad.placement()
+                results["mb_at"] = ad.set_microbatches([3, 1])
+                results["resumed"] = ad.restart([1, 0])
+                results["placement1"] = ad.placement()
+            except Exception as exc:  # surfaced by the assertions below
+                results["error"] = repr(exc)
+
+        th = threading.Thread(target=client)
+        th.start()
+        rep = tb.wait(timeout_s=240)
+        th.join(timeout=30)
+        pids = {r: p.pid for r, p in tb.procs.items()}
+        prefix = tb.prefix
+    _nothing_left(prefix)
+    assert "error" not in results, results
+    assert results["placement0"] == [0, 1] and results["placement1"] == [1, 0]
+    assert len(rep["segments"]) == 2 and rep["segments"][1]["resume_iter"] == results["resumed"]
+    assert rep["placement"] == [1, 0] and pids
+    for r in "01":
+        assert rep["iterations"][r] == list(range(10))  # each iteration exactly once across the restart
+    assert len(rep["losses"]) == 10 and rep["losses"][-1] < rep["losses"][0] - 0.5
+    # micro-batch counts switched for every rank at the same iteration
+    mbs = {r: [rec["mb"] for rec in tb.records[r]] for r in (0, 1)}
+    at = results["mb_at"]
+    assert mbs[0][:at] == [2] * at and set(mbs[0][at:]) == {3} and set(mbs[1][at:]) == {1}
