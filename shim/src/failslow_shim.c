@@ -1,0 +1,1050 @@
+/*
+ * libfailslow_shim.so — LD_PRELOAD library that records every NCCL call of an unmodified job into the
+ * per-process ring of failslow_ring.h.
+ *
+ * Rules this file keeps:
+ *  - the hot path (a hooked collective) takes no lock, never blocks, never allocates, never makes a
+ *    syscall besides the vDSO clock, and its own failures never reach the caller: the real NCCL result is
+ *    returned unchanged and errno is preserved;
+ *  - communicator facts come from NCCL's public API (ncclCommCount/UserRank/CuDevice) and the init/split
+ *    arguments, never from NCCL's private structs;
+ *  - the real functions are found with dlsym(RTLD_NEXT), falling back to dlopen(FAILSLOW_NCCL_LIB or
+ *    libnccl.so.2) — needed when libnccl was loaded RTLD_LOCAL as a dependency of a Python extension;
+ *  - a process gets its ring at its first NCCL call (so unrelated programs that inherit LD_PRELOAD leave
+ *    nothing behind), a forked child gets its own ring, and the ring is removed at exit unless
+ *    FAILSLOW_KEEP_RINGS=1.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "failslow_ring.h"
+#include "nccl_abi.h"
+
+#define EXPORT __attribute__((visibility("default")))
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ------------------------------------------------------------------------------------------------ */
+/* clock                                                                                            */
+
+static inline int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* hashing (stable communicator ids)                                                                */
+
+static uint64_t mix64(uint64_t x) { /* splitmix64 finaliser */
+    x ^= x >> 30;
+    x *= 0xbf58476d1ce4e5b9ull;
+    x ^= x >> 27;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 31;
+    return x;
+}
+
+static uint64_t fnv1a(const void *p, size_t n, uint64_t h) {
+    const unsigned char *b = (const unsigned char *)p;
+    for (size_t i = 0; i < n; i++) {
+        h ^= b[i];
+        h *= 0x100000001b3ull;
+    }
+    return h;
+}
+
+#define FNV_BASIS 0xcbf29ce484222325ull
+
+/* ------------------------------------------------------------------------------------------------ */
+/* process state                                                                                    */
+
+enum { RING_NONE = 0, RING_CREATING = 1, RING_READY = 2, RING_DISABLED = 3 };
+
+static struct failslow_ring_header *g_ring; /* published with release once ready */
+static int g_ring_state;
+static size_t g_ring_size;
+static pid_t g_ring_pid;
+static char g_ring_path[PATH_MAX];
+static int g_keep_rings;
+static int g_debug;
+static unsigned g_suspend_default_ms = 10000;
+
+static TLS int t_in_hook;      /* >0 while inside a hooked call: nested NCCL calls are not recorded */
+static TLS int t_group_depth;  /* ncclGroupStart nesting */
+static TLS uint32_t t_tid;
+
+static void dbg(const char *fmt, const char *arg) {
+    if (g_debug) fprintf(stderr, fmt, arg);
+}
+
+static uint32_t my_tid(void) {
+    if (UNLIKELY(t_tid == 0)) t_tid = (uint32_t)syscall(SYS_gettid);
+    return t_tid;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* finding the real NCCL                                                                            */
+
+static void *g_nccl_handle;
+
+static void *self_base(void) {
+    Dl_info info;
+    if (dladdr((void *)&self_base, &info) && info.dli_fbase) return info.dli_fbase;
+    return NULL;
+}
+
+static int is_ours(void *p) {
+    Dl_info info;
+    return p && dladdr(p, &info) && info.dli_fbase == self_base();
+}
+
+static void *resolve(const char *name) {
+    void *p = dlsym(RTLD_NEXT, name);
+    if (p && !is_ours(p)) return p;
+    void *h = __atomic_load_n(&g_nccl_handle, __ATOMIC_ACQUIRE);
+    if (!h) {
+        const char *lib = getenv("FAILSLOW_NCCL_LIB");
+        h = dlopen(lib && *lib ? lib : "libnccl.so.2", RTLD_NOW | RTLD_LOCAL);
+        if (!h) {
+            dbg("failslow shim: cannot load NCCL: %s\n", dlerror());
+            return NULL;
+        }
+        __atomic_store_n(&g_nccl_handle, h, __ATOMIC_RELEASE);
+    }
+    p = dlsym(h, name);
+    return (p && !is_ours(p)) ? p : NULL;
+}
+
+/* Resolve once per symbol; a benign race resolves twice to the same pointer. */
+#define REAL(type, name)                                                                   \
+    static type real_##name;                                                               \
+    type fn_##name = __atomic_load_n(&real_##name, __ATOMIC_RELAXED);                      \
+    if (UNLIKELY(!fn_##name)) {                                                            \
+        fn_##name = (type)resolve(#name);                                                  \
+        __atomic_store_n(&real_##name, fn_##name, __ATOMIC_RELAXED);                       \
+    }
+
+typedef ncclResult_t (*count_fn)(const ncclComm_t, int *);
+static count_fn p_comm_count, p_comm_user_rank, p_comm_cu_device;
+
+static void resolve_queries(void) {
+    if (!p_comm_count) p_comm_count = (count_fn)resolve("ncclCommCount");
+    if (!p_comm_user_rank) p_comm_user_rank = (count_fn)resolve("ncclCommUserRank");
+    if (!p_comm_cu_device) p_comm_cu_device = (count_fn)resolve("ncclCommCuDevice");
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* communicator table: lock-free lookup, inserts under a mutex (init paths only)                    */
+
+#define COMM_TABLE 4096u
+#define COMM_PROBE 64u
+#define COMM_TOMBSTONE ((uintptr_t)1)
+
+struct comm_entry {
+    uintptr_t key; /* ncclComm_t; 0 empty; 1 destroyed */
+    uint64_t id;
+    int32_t nranks, rank, device;
+    uint32_t splits; /* ncclCommSplit calls on this comm: same order on every member */
+};
+
+static struct comm_entry g_comms[COMM_TABLE];
+static pthread_mutex_t g_comm_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static inline uint32_t comm_slot(const void *comm) {
+    return (uint32_t)(mix64((uint64_t)(uintptr_t)comm) & (COMM_TABLE - 1));
+}
+
+static struct comm_entry *comm_lookup(ncclComm_t comm) {
+    uint32_t s = comm_slot(comm);
+    for (uint32_t i = 0; i < COMM_PROBE; i++) {
+        struct comm_entry *e = &g_comms[(s + i) & (COMM_TABLE - 1)];
+        uintptr_t k = __atomic_load_n(&e->key, __ATOMIC_ACQUIRE);
+        if (k == (uintptr_t)comm) return e;
+        if (k == 0) return NULL;
+    }
+    return NULL;
+}
+
+static struct comm_entry *comm_insert(ncclComm_t comm, uint64_t id, int nranks, int rank, int device) {
+    if (!comm) return NULL;
+    pthread_mutex_lock(&g_comm_lock);
+    uint32_t s = comm_slot(comm);
+    struct comm_entry *got = NULL;
+    for (uint32_t i = 0; i < COMM_PROBE; i++) {
+        struct comm_entry *e = &g_comms[(s + i) & (COMM_TABLE - 1)];
+        uintptr_t k = __atomic_load_n(&e->key, __ATOMIC_RELAXED);
+        if (k == (uintptr_t)comm) { /* re-init of a live pointer: update in place */
+            got = e;
+            break;
+        }
+        if (k == 0) {
+            got = e;
+            break;
+        }
+    }
+    if (got) {
+        got->id = id;
+        got->nranks = nranks;
+        got->rank = rank;
+        got->device = device;
+        got->splits = 0;
+        __atomic_store_n(&got->key, (uintptr_t)comm, __ATOMIC_RELEASE);
+    }
+    pthread_mutex_unlock(&g_comm_lock);
+    return got;
+}
+
+static void comm_remove(ncclComm_t comm) {
+    pthread_mutex_lock(&g_comm_lock);
+    struct comm_entry *e = comm_lookup(comm);
+    /* tombstone, not empty: later entries of the probe chain must stay reachable */
+    if (e) __atomic_store_n(&e->key, COMM_TOMBSTONE, __ATOMIC_RELEASE);
+    pthread_mutex_unlock(&g_comm_lock);
+}
+
+/* Facts of a communicator for a record; comms we never saw initialised get a per-process id. */
+struct comm_facts {
+    uint64_t id;
+    int32_t nranks, rank, device;
+};
+
+static void comm_facts(ncclComm_t comm, struct comm_facts *f) {
+    struct comm_entry *e = comm_lookup(comm);
+    if (LIKELY(e != NULL)) {
+        f->id = e->id;
+        f->nranks = e->nranks;
+        f->rank = e->rank;
+        f->device = e->device;
+        if (LIKELY(f->nranks > 0)) return;
+    } else {
+        f->id = mix64((uint64_t)(uintptr_t)comm ^ ((uint64_t)getpid() << 32));
+        f->device = -1;
+    }
+    /* not known yet (nonblocking init still in progress, or an init path we do not hook) */
+    int n = 0, r = -1;
+    resolve_queries();
+    if (p_comm_count && p_comm_count(comm, &n) == ncclSuccess && p_comm_user_rank &&
+        p_comm_user_rank(comm, &r) == ncclSuccess) {
+        f->nranks = n;
+        f->rank = r;
+        if (e) {
+            e->rank = r;
+            __atomic_store_n(&e->nranks, n, __ATOMIC_RELEASE);
+        }
+    } else {
+        f->nranks = 0;
+        f->rank = -1;
+    }
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* CUDA runtime (optional): event timing when libcudart loads and PROFILE is on                     */
+
+typedef int cudaError_t;
+typedef void *cudaEvent_t;
+#define cudaSuccess 0
+#define cudaErrorNotReady 600
+#define cudaEventDefault 0u
+#define cudaStreamNonBlocking 1u
+
+struct cuda_api {
+    int ok;
+    cudaError_t (*eventCreateWithFlags)(cudaEvent_t *, unsigned);
+    cudaError_t (*eventRecord)(cudaEvent_t, cudaStream_t);
+    cudaError_t (*eventQuery)(cudaEvent_t);
+    cudaError_t (*eventSynchronize)(cudaEvent_t);
+    cudaError_t (*eventElapsedTime)(float *, cudaEvent_t, cudaEvent_t);
+    cudaError_t (*eventDestroy)(cudaEvent_t);
+    cudaError_t (*setDevice)(int);
+    cudaError_t (*getDevice)(int *);
+    cudaError_t (*streamCreateWithFlags)(cudaStream_t *, unsigned);
+};
+static struct cuda_api g_cuda;
+
+static void load_cuda(void) {
+    const char *env = getenv("FAILSLOW_CUDART_LIB");
+    const char *names[] = {env, "libcudart.so.13", "libcudart.so.12", "libcudart.so.11.0", "libcudart.so"};
+    void *h = NULL;
+    /* prefer the runtime the application already loaded, so events and streams share its state */
+    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++)
+        if (names[i] && *names[i]) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++)
+        if (names[i] && *names[i]) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    if (!h) return;
+#define CU(field, sym) *(void **)&g_cuda.field = dlsym(h, sym)
+    CU(eventCreateWithFlags, "cudaEventCreateWithFlags");
+    CU(eventRecord, "cudaEventRecord");
+    CU(eventQuery, "cudaEventQuery");
+    CU(eventSynchronize, "cudaEventSynchronize");
+    CU(eventElapsedTime, "cudaEventElapsedTime");
+    CU(eventDestroy, "cudaEventDestroy");
+    CU(setDevice, "cudaSetDevice");
+    CU(getDevice, "cudaGetDevice");
+    CU(streamCreateWithFlags, "cudaStreamCreateWithFlags");
+#undef CU
+    g_cuda.ok = g_cuda.eventCreateWithFlags && g_cuda.eventRecord && g_cuda.eventQuery &&
+                g_cuda.eventSynchronize && g_cuda.eventElapsedTime && g_cuda.eventDestroy && g_cuda.setDevice &&
+                g_cuda.getDevice && g_cuda.streamCreateWithFlags;
+}
+
+/*
+ * Pending GPU measurements: a fixed pool of slots, each with its two events. A hooked call claims a FREE
+ * slot with one CAS (none free: the call is recorded without GPU times), records the events around the
+ * real call on the caller's stream, claims its ring record and leaves it BUSY; the resolver thread polls
+ * cudaEventQuery (never cudaEventSynchronize on application events), fills the GPU start/end mapped to
+ * CLOCK_MONOTONIC through an anchor event, and commits the record.
+ */
+#define PEND_SLOTS 512u
+#define PEND_GIVE_UP_NS 2000000000LL /* below the readers' 5 s pending timeout */
+enum { PEND_FREE = 0, PEND_CLAIMED = 1, PEND_READY = 2 };
+
+struct pending {
+    int state;
+    cudaEvent_t ev0, ev1;
+    struct failslow_record *rec;
+    uint64_t seq;
+    int64_t t_claim;
+};
+
+static struct pending g_pend[PEND_SLOTS];
+static int g_pool_ready;  /* events created (by the resolver thread) */
+static int g_pool_device = -1;
+static uint32_t g_pend_next;
+static pthread_t g_resolver;
+static int g_resolver_running;
+static int g_resolver_stop;
+static cudaEvent_t g_anchor;
+static cudaStream_t g_anchor_stream;
+static int64_t g_anchor_ns;
+
+static int64_t gpu_to_mono(cudaEvent_t ev, int *ok) {
+    float ms = 0.f;
+    if (g_cuda.eventElapsedTime(&ms, g_anchor, ev) != cudaSuccess) {
+        *ok = 0;
+        return 0;
+    }
+    return g_anchor_ns + (int64_t)((double)ms * 1e6);
+}
+
+static int refresh_anchor(void) {
+    if (!g_anchor_stream && g_cuda.streamCreateWithFlags(&g_anchor_stream, cudaStreamNonBlocking) != cudaSuccess)
+        return 0;
+    if (!g_anchor && g_cuda.eventCreateWithFlags(&g_anchor, cudaEventDefault) != cudaSuccess) return 0;
+    if (g_cuda.eventRecord(g_anchor, g_anchor_stream) != cudaSuccess) return 0;
+    /* synchronising our own anchor event in our own thread never stalls the application */
+    if (g_cuda.eventSynchronize(g_anchor) != cudaSuccess) return 0;
+    g_anchor_ns = now_ns();
+    return 1;
+}
+
+static int create_pool(void) {
+    int dev = g_pool_device >= 0 ? g_pool_device : 0;
+    if (g_cuda.setDevice(dev) != cudaSuccess) return 0;
+    for (unsigned i = 0; i < PEND_SLOTS; i++) {
+        if (g_cuda.eventCreateWithFlags(&g_pend[i].ev0, cudaEventDefault) != cudaSuccess ||
+            g_cuda.eventCreateWithFlags(&g_pend[i].ev1, cudaEventDefault) != cudaSuccess)
+            return 0;
+    }
+    return refresh_anchor();
+}
+
+static void resolve_one(struct pending *p, int64_t now) {
+    cudaError_t q = g_cuda.eventQuery(p->ev1);
+    if (q == cudaErrorNotReady && now - p->t_claim < PEND_GIVE_UP_NS) return;
+    struct failslow_record *r = p->rec;
+    int ok = (q == cudaSuccess);
+    if (ok) {
+        int64_t s = gpu_to_mono(p->ev0, &ok), e = gpu_to_mono(p->ev1, &ok);
+        if (ok) {
+            r->t_start_ns = s;
+            r->t_end_ns = e;
+            r->flags |= FAILSLOW_F_GPU_TIMES;
+        }
+    }
+    if (!ok) r->flags |= FAILSLOW_F_GPU_FAILED;
+    failslow_ring_commit(r, p->seq);
+    __atomic_store_n(&p->state, PEND_FREE, __ATOMIC_RELEASE);
+}
+
+static void *resolver_main(void *arg) {
+    (void)arg;
+    int64_t last_anchor = 0;
+    while (!__atomic_load_n(&g_resolver_stop, __ATOMIC_ACQUIRE)) {
+        struct failslow_ring_header *h = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
+        unsigned ctl = h ? __atomic_load_n(&h->control, __ATOMIC_RELAXED) : 0u;
+        if ((ctl & FAILSLOW_CTL_PROFILE) && !__atomic_load_n(&g_pool_ready, __ATOMIC_ACQUIRE)) {
+            if (create_pool()) {
+                last_anchor = now_ns();
+                __atomic_store_n(&g_pool_ready, 1, __ATOMIC_RELEASE);
+            } else {
+                dbg("%s", "failslow shim: CUDA event pool unavailable; host timing only\n");
+                return NULL;
+            }
+        }
+        int busy = 0;
+        if (__atomic_load_n(&g_pool_ready, __ATOMIC_ACQUIRE)) {
+            int64_t now = now_ns();
+            if (now - last_anchor > 1000000000LL) { /* bound float drift of elapsed times */
+                refresh_anchor();
+                last_anchor = now;
+            }
+            for (unsigned i = 0; i < PEND_SLOTS; i++) {
+                struct pending *p = &g_pend[i];
+                if (__atomic_load_n(&p->state, __ATOMIC_ACQUIRE) == PEND_READY) {
+                    busy = 1;
+                    resolve_one(p, now);
+                }
+            }
+        }
+        struct timespec ts = {0, busy ? 200000 : 5000000};
+        nanosleep(&ts, NULL);
+    }
+    return NULL;
+}
+
+static void start_resolver(void) {
+    if (!g_cuda.ok || g_resolver_running) return;
+    pthread_attr_t a;
+    pthread_attr_init(&a);
+    pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&g_resolver, &a, resolver_main, NULL) == 0) g_resolver_running = 1;
+    pthread_attr_destroy(&a);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* ring creation                                                                                    */
+
+static int env_int(const char *const *names, int dflt) {
+    for (; *names; names++) {
+        const char *v = getenv(*names);
+        if (v && *v) {
+            char *end;
+            long x = strtol(v, &end, 10);
+            if (*end == 0 && x >= INT32_MIN && x <= INT32_MAX) return (int)x;
+        }
+    }
+    return dflt;
+}
+
+static void copy_str(char *dst, size_t n, const char *src) {
+    size_t i = 0;
+    for (; src && src[i] && i + 1 < n; i++) dst[i] = src[i];
+    for (; i < n; i++) dst[i] = 0;
+}
+
+static void at_exit_cleanup(void);
+
+static struct failslow_ring_header *create_ring(void) {
+    const char *dir = getenv("FAILSLOW_SHM_DIR");
+    if (!dir || !*dir) dir = "/dev/shm";
+    unsigned cap = FAILSLOW_RING_DEFAULT_CAPACITY;
+    const char *cs = getenv("FAILSLOW_RING_CAPACITY");
+    if (cs && *cs) {
+        char *end;
+        unsigned long c = strtoul(cs, &end, 10);
+        if (*end == 0 && c >= FAILSLOW_RING_MIN_CAPACITY && c <= FAILSLOW_RING_MAX_CAPACITY && !(c & (c - 1)))
+            cap = (unsigned)c;
+        else
+            dbg("failslow shim: ignoring FAILSLOW_RING_CAPACITY=%s (power of two in [16, 2^24])\n", cs);
+    }
+    pid_t pid = getpid();
+    char tmp[PATH_MAX];
+    if (snprintf(g_ring_path, sizeof g_ring_path, "%s/failslow-%d.ring", dir, (int)pid) >= (int)sizeof g_ring_path ||
+        snprintf(tmp, sizeof tmp, "%s/.failslow-%d.ring.tmp", dir, (int)pid) >= (int)sizeof tmp)
+        return NULL;
+    size_t size = FAILSLOW_RING_HEADER_SIZE + (size_t)cap * FAILSLOW_RECORD_SIZE;
+    int fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+        dbg("failslow shim: cannot create ring in %s\n", dir);
+        return NULL;
+    }
+    if (ftruncate(fd, (off_t)size) != 0) {
+        close(fd);
+        unlink(tmp);
+        return NULL;
+    }
+    void *m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) {
+        unlink(tmp);
+        return NULL;
+    }
+    struct failslow_ring_header *h = (struct failslow_ring_header *)m;
+    memcpy(h->magic, FAILSLOW_RING_MAGIC, 8);
+    h->version = FAILSLOW_RING_VERSION;
+    h->header_size = FAILSLOW_RING_HEADER_SIZE;
+    h->record_size = FAILSLOW_RECORD_SIZE;
+    h->capacity = cap;
+    h->pid = (int32_t)pid;
+    static const char *const rank_env[] = {"RANK", "SLURM_PROCID", NULL};
+    static const char *const ws_env[] = {"WORLD_SIZE", "SLURM_NTASKS", NULL};
+    static const char *const local_env[] = {"LOCAL_RANK", "SLURM_LOCALID", NULL};
+    static const char *const node_env[] = {"FAILSLOW_NODE_ID", "SLURM_NODEID", "GROUP_RANK", NULL};
+    static const char *const tp_env[] = {"FAILSLOW_TP", NULL}, *const pp_env[] = {"FAILSLOW_PP", NULL};
+    static const char *const dp_env[] = {"FAILSLOW_DP", NULL}, *const cp_env[] = {"FAILSLOW_CP", NULL};
+    h->rank = env_int(rank_env, -1);
+    h->world_size = env_int(ws_env, 0);
+    h->local_rank = env_int(local_env, -1);
+    h->node_id = env_int(node_env, -1);
+    h->tp = env_int(tp_env, 0);
+    h->pp = env_int(pp_env, 0);
+    h->dp = env_int(dp_env, 0);
+    h->cp = env_int(cp_env, 0);
+    h->producer = FAILSLOW_PRODUCER_SHIM;
+    struct timespec rt, mt;
+    clock_gettime(CLOCK_MONOTONIC, &mt);
+    clock_gettime(CLOCK_REALTIME, &rt);
+    int64_t mono = (int64_t)mt.tv_sec * 1000000000LL + mt.tv_nsec;
+    h->created_mono_ns = mono;
+    h->clock_offset_ns = (int64_t)rt.tv_sec * 1000000000LL + rt.tv_nsec - mono;
+    const char *job = getenv("FAILSLOW_JOB");
+    if (!job || !*job) job = getenv("SLURM_JOB_ID");
+    if (!job || !*job) job = getenv("TORCHELASTIC_RUN_ID");
+    copy_str(h->job, sizeof h->job, job);
+    char host[256] = {0};
+    gethostname(host, sizeof host - 1);
+    copy_str(h->hostname, sizeof h->hostname, host);
+    load_cuda();
+    h->features = (g_cuda.ok ? FAILSLOW_FEAT_CUDA : 0u);
+    if (rename(tmp, g_ring_path) != 0) {
+        munmap(m, size);
+        unlink(tmp);
+        return NULL;
+    }
+    g_ring_size = size;
+    g_ring_pid = pid;
+    start_resolver();
+    return h;
+}
+
+/* The ring, created at the first NCCL call of this process; NULL while another thread creates it
+ * (that call goes unrecorded rather than wait) or when recording is disabled. */
+static struct failslow_ring_header *ring(void) {
+    struct failslow_ring_header *h = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
+    if (LIKELY(h != NULL)) return h;
+    int expect = RING_NONE;
+    if (!__atomic_compare_exchange_n(&g_ring_state, &expect, RING_CREATING, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_ACQUIRE))
+        return NULL;
+    int saved = errno;
+    h = create_ring();
+    errno = saved;
+    if (!h) {
+        __atomic_store_n(&g_ring_state, RING_DISABLED, __ATOMIC_RELEASE);
+        return NULL;
+    }
+    __atomic_store_n(&g_ring, h, __ATOMIC_RELEASE);
+    __atomic_store_n(&g_ring_state, RING_READY, __ATOMIC_RELEASE);
+    return h;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* the hot path                                                                                     */
+
+static inline uint64_t dtype_size(int dt) {
+    switch (dt) {
+    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
+    case ncclFloat16: case ncclBfloat16: return 2;
+    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
+    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
+    default: return 0;
+    }
+}
+
+struct call {
+    struct failslow_ring_header *h;
+    int64_t t0;
+    uint32_t flags;
+    struct pending *pend;
+};
+
+static uint32_t suspend_wait(struct failslow_ring_header *h) {
+    unsigned ms = __atomic_load_n(&h->suspend_timeout_ms, __ATOMIC_RELAXED);
+    if (!ms) ms = g_suspend_default_ms;
+    int64_t deadline = now_ns() + (int64_t)ms * 1000000LL;
+    uint32_t fl = FAILSLOW_F_SUSPENDED;
+    __atomic_add_fetch(&h->suspended, 1, __ATOMIC_RELAXED);
+    while (__atomic_load_n(&h->control, __ATOMIC_ACQUIRE) & FAILSLOW_CTL_SUSPEND) {
+        if (now_ns() >= deadline) {
+            fl |= FAILSLOW_F_SUSPEND_TIMEOUT;
+            break;
+        }
+        struct timespec ts = {0, 200000};
+        nanosleep(&ts, NULL);
+    }
+    __atomic_sub_fetch(&h->suspended, 1, __ATOMIC_RELAXED);
+    return fl;
+}
+
+/* Before the real call: returns 0 when this call is not recorded (nested, or no ring). */
+static inline int call_begin(struct call *c, cudaStream_t stream) {
+    if (UNLIKELY(t_in_hook)) return 0;
+    struct failslow_ring_header *h = ring();
+    if (UNLIKELY(!h)) return 0;
+    t_in_hook = 1;
+    c->h = h;
+    c->flags = FAILSLOW_F_HOST_TIMES;
+    c->pend = NULL;
+    unsigned ctl = __atomic_load_n(&h->control, __ATOMIC_RELAXED);
+    if (UNLIKELY(ctl)) {
+        if (ctl & FAILSLOW_CTL_SUSPEND) {
+            int saved = errno;
+            c->flags |= suspend_wait(h);
+            errno = saved;
+        }
+        if ((ctl & FAILSLOW_CTL_PROFILE) && t_group_depth == 0 && __atomic_load_n(&g_pool_ready, __ATOMIC_ACQUIRE)) {
+            uint32_t i = __atomic_fetch_add(&g_pend_next, 1, __ATOMIC_RELAXED) & (PEND_SLOTS - 1);
+            int expect = PEND_FREE;
+            struct pending *p = &g_pend[i];
+            if (__atomic_compare_exchange_n(&p->state, &expect, PEND_CLAIMED, 0, __ATOMIC_ACQUIRE,
+                                            __ATOMIC_RELAXED)) {
+                if (g_cuda.eventRecord(p->ev0, stream) == cudaSuccess) {
+                    c->pend = p;
+                } else {
+                    __atomic_store_n(&p->state, PEND_FREE, __ATOMIC_RELEASE);
+                    c->flags |= FAILSLOW_F_GPU_FAILED;
+                }
+            } else {
+                c->flags |= FAILSLOW_F_GPU_FAILED; /* pool exhausted: host times only */
+            }
+        }
+    }
+    c->t0 = now_ns();
+    return 1;
+}
+
+/* After the real call: write the record. */
+static inline void call_end(struct call *c, int op, ncclComm_t comm, uint64_t count, int dt, int peer,
+                            cudaStream_t stream, ncclResult_t rc, uint64_t aux) {
+    int64_t t1 = now_ns();
+    int saved = errno;
+    struct failslow_ring_header *h = c->h;
+    uint32_t flags = c->flags;
+    if (rc != ncclSuccess && rc != ncclInProgress) flags |= FAILSLOW_F_ERROR;
+    if (t_group_depth > 0) flags |= FAILSLOW_F_IN_GROUP;
+    struct pending *p = c->pend;
+    if (p && (rc != ncclSuccess || g_cuda.eventRecord(p->ev1, stream) != cudaSuccess)) {
+        __atomic_store_n(&p->state, PEND_FREE, __ATOMIC_RELEASE);
+        p = NULL;
+        flags |= FAILSLOW_F_GPU_FAILED;
+    }
+    struct comm_facts f;
+    comm_facts(comm, &f);
+    uint64_t seq;
+    struct failslow_record *r = failslow_ring_claim(h, &seq);
+    if (LIKELY(r != NULL)) {
+        r->comm = f.id;
+        r->count = count;
+        r->bytes = count * dtype_size(dt);
+        r->t_enqueue_ns = c->t0;
+        r->t_start_ns = 0;
+        r->t_end_ns = 0;
+        r->t_return_ns = t1;
+        r->nranks = f.nranks;
+        r->comm_rank = f.rank;
+        r->peer = peer;
+        r->op = (uint16_t)op;
+        r->dtype = (dt >= 0 && dt < 255) ? (uint8_t)dt : (uint8_t)FAILSLOW_DTYPE_UNKNOWN;
+        r->group_depth = (uint8_t)(t_group_depth > 255 ? 255 : t_group_depth);
+        r->flags = flags;
+        r->tid = my_tid();
+        r->stream = (uint64_t)(uintptr_t)stream;
+        r->aux = aux;
+        r->device = f.device;
+        r->reserved0 = 0;
+        r->reserved1 = 0;
+        r->reserved2 = 0;
+        if (p) { /* stays BUSY until the resolver fills the GPU times */
+            p->rec = r;
+            p->seq = seq;
+            p->t_claim = t1;
+            __atomic_store_n(&p->state, PEND_READY, __ATOMIC_RELEASE);
+        } else {
+            failslow_ring_commit(r, seq);
+        }
+    } else if (p) {
+        __atomic_store_n(&p->state, PEND_FREE, __ATOMIC_RELEASE);
+    }
+    t_in_hook = 0;
+    errno = saved;
+}
+
+/* Control events (init/split/destroy): host time only, committed at once. */
+static void record_event(int op, uint64_t id, int nranks, int rank, int device, int peer, uint64_t count,
+                         uint64_t aux) {
+    struct failslow_ring_header *h = ring();
+    if (!h) return;
+    int64_t t = now_ns();
+    uint64_t seq;
+    struct failslow_record *r = failslow_ring_claim(h, &seq);
+    if (!r) return;
+    memset((char *)r + 8, 0, sizeof *r - 8);
+    r->comm = id;
+    r->count = count;
+    r->t_enqueue_ns = t;
+    r->t_return_ns = t;
+    r->nranks = nranks;
+    r->comm_rank = rank;
+    r->peer = peer;
+    r->op = (uint16_t)op;
+    r->dtype = (uint8_t)FAILSLOW_DTYPE_UNKNOWN;
+    r->group_depth = (uint8_t)(t_group_depth > 255 ? 255 : t_group_depth);
+    r->tid = my_tid();
+    r->aux = aux;
+    r->device = device;
+    failslow_ring_commit(r, seq);
+}
+
+static int query_device(ncclComm_t comm) {
+    int d = -1;
+    resolve_queries();
+    if (p_comm_cu_device && p_comm_cu_device(comm, &d) != ncclSuccess) d = -1;
+    if (d >= 0 && g_pool_device < 0) g_pool_device = d;
+    return d;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* hooks: collectives and p2p                                                                       */
+
+#define MISSING ncclInvalidUsage /* the application called a function its NCCL does not have */
+
+EXPORT ncclResult_t ncclAllReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                                  ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    REAL(fn_t, ncclAllReduce)
+    if (UNLIKELY(!fn_ncclAllReduce)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream)) return fn_ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+    ncclResult_t rc = fn_ncclAllReduce(sendbuff, recvbuff, count, datatype, op, comm, stream);
+    call_end(&c, FAILSLOW_OP_ALLREDUCE, comm, count, datatype, -1, stream, rc, 0);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclAllGather(const void *sendbuff, void *recvbuff, size_t sendcount, ncclDataType_t datatype,
+                                  ncclComm_t comm, cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    REAL(fn_t, ncclAllGather)
+    if (UNLIKELY(!fn_ncclAllGather)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream)) return fn_ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+    ncclResult_t rc = fn_ncclAllGather(sendbuff, recvbuff, sendcount, datatype, comm, stream);
+    call_end(&c, FAILSLOW_OP_ALLGATHER, comm, sendcount, datatype, -1, stream, rc, 0);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclReduceScatter(const void *sendbuff, void *recvbuff, size_t recvcount,
+                                      ncclDataType_t datatype, ncclRedOp_t op, ncclComm_t comm, cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, ncclComm_t, cudaStream_t);
+    REAL(fn_t, ncclReduceScatter)
+    if (UNLIKELY(!fn_ncclReduceScatter)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream))
+        return fn_ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+    ncclResult_t rc = fn_ncclReduceScatter(sendbuff, recvbuff, recvcount, datatype, op, comm, stream);
+    call_end(&c, FAILSLOW_OP_REDUCESCATTER, comm, recvcount, datatype, -1, stream, rc, 0);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclBroadcast(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                                  int root, ncclComm_t comm, cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(const void *, void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    REAL(fn_t, ncclBroadcast)
+    if (UNLIKELY(!fn_ncclBroadcast)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream)) return fn_ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream);
+    ncclResult_t rc = fn_ncclBroadcast(sendbuff, recvbuff, count, datatype, root, comm, stream);
+    call_end(&c, FAILSLOW_OP_BROADCAST, comm, count, datatype, root, stream, rc, 0);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclBcast(void *buff, size_t count, ncclDataType_t datatype, int root, ncclComm_t comm,
+                              cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    REAL(fn_t, ncclBcast)
+    if (UNLIKELY(!fn_ncclBcast)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream)) return fn_ncclBcast(buff, count, datatype, root, comm, stream);
+    ncclResult_t rc = fn_ncclBcast(buff, count, datatype, root, comm, stream);
+    call_end(&c, FAILSLOW_OP_BROADCAST, comm, count, datatype, root, stream, rc, 0);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclReduce(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                               ncclRedOp_t op, int root, ncclComm_t comm, cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(const void *, void *, size_t, ncclDataType_t, ncclRedOp_t, int, ncclComm_t,
+                                 cudaStream_t);
+    REAL(fn_t, ncclReduce)
+    if (UNLIKELY(!fn_ncclReduce)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream)) return fn_ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+    ncclResult_t rc = fn_ncclReduce(sendbuff, recvbuff, count, datatype, op, root, comm, stream);
+    call_end(&c, FAILSLOW_OP_REDUCE, comm, count, datatype, root, stream, rc, 0);
+    return rc;
+}
+
+/* NCCL >= 2.28 spells it ncclAlltoAll; RCCL ncclAllToAll. Both are hooked; each forwards to its own. */
+EXPORT ncclResult_t ncclAlltoAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                                 ncclComm_t comm, cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    REAL(fn_t, ncclAlltoAll)
+    if (UNLIKELY(!fn_ncclAlltoAll)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream)) return fn_ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream);
+    ncclResult_t rc = fn_ncclAlltoAll(sendbuff, recvbuff, count, datatype, comm, stream);
+    call_end(&c, FAILSLOW_OP_ALLTOALL, comm, count, datatype, -1, stream, rc, 0);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclAllToAll(const void *sendbuff, void *recvbuff, size_t count, ncclDataType_t datatype,
+                                 ncclComm_t comm, cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(const void *, void *, size_t, ncclDataType_t, ncclComm_t, cudaStream_t);
+    REAL(fn_t, ncclAllToAll)
+    if (UNLIKELY(!fn_ncclAllToAll)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream)) return fn_ncclAllToAll(sendbuff, recvbuff, count, datatype, comm, stream);
+    ncclResult_t rc = fn_ncclAllToAll(sendbuff, recvbuff, count, datatype, comm, stream);
+    call_end(&c, FAILSLOW_OP_ALLTOALL, comm, count, datatype, -1, stream, rc, 0);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclSend(const void *sendbuff, size_t count, ncclDataType_t datatype, int peer,
+                             ncclComm_t comm, cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    REAL(fn_t, ncclSend)
+    if (UNLIKELY(!fn_ncclSend)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream)) return fn_ncclSend(sendbuff, count, datatype, peer, comm, stream);
+    ncclResult_t rc = fn_ncclSend(sendbuff, count, datatype, peer, comm, stream);
+    call_end(&c, FAILSLOW_OP_SEND, comm, count, datatype, peer, stream, rc, 0);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclRecv(void *recvbuff, size_t count, ncclDataType_t datatype, int peer, ncclComm_t comm,
+                             cudaStream_t stream) {
+    typedef ncclResult_t (*fn_t)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    REAL(fn_t, ncclRecv)
+    if (UNLIKELY(!fn_ncclRecv)) return MISSING;
+    struct call c;
+    if (!call_begin(&c, stream)) return fn_ncclRecv(recvbuff, count, datatype, peer, comm, stream);
+    ncclResult_t rc = fn_ncclRecv(recvbuff, count, datatype, peer, comm, stream);
+    call_end(&c, FAILSLOW_OP_RECV, comm, count, datatype, peer, stream, rc, 0);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclGroupStart(void) {
+    typedef ncclResult_t (*fn_t)(void);
+    REAL(fn_t, ncclGroupStart)
+    if (UNLIKELY(!fn_ncclGroupStart)) return MISSING;
+    ncclResult_t rc = fn_ncclGroupStart();
+    if (rc == ncclSuccess) t_group_depth++;
+    return rc;
+}
+
+EXPORT ncclResult_t ncclGroupEnd(void) {
+    typedef ncclResult_t (*fn_t)(void);
+    REAL(fn_t, ncclGroupEnd)
+    if (UNLIKELY(!fn_ncclGroupEnd)) return MISSING;
+    if (t_group_depth > 0) t_group_depth--; /* NCCL leaves the group even when GroupEnd fails */
+    return fn_ncclGroupEnd();
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* hooks: communicator lifecycle                                                                    */
+
+static uint64_t id_from_unique(const ncclUniqueId *uid) {
+    return mix64(fnv1a(uid->internal, sizeof uid->internal, FNV_BASIS));
+}
+
+static void after_init(ncclComm_t comm, uint64_t id, int nranks, int rank) {
+    int saved = errno;
+    int dev = query_device(comm);
+    comm_insert(comm, id, nranks, rank, dev);
+    record_event(FAILSLOW_OP_COMM_INIT, id, nranks, rank, dev, -1, 0, 0);
+    errno = saved;
+}
+
+EXPORT ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank) {
+    typedef ncclResult_t (*fn_t)(ncclComm_t *, int, ncclUniqueId, int);
+    REAL(fn_t, ncclCommInitRank)
+    if (UNLIKELY(!fn_ncclCommInitRank)) return MISSING;
+    int outer = !t_in_hook;
+    t_in_hook++;
+    ncclResult_t rc = fn_ncclCommInitRank(comm, nranks, commId, rank);
+    t_in_hook--;
+    if (outer && (rc == ncclSuccess || rc == ncclInProgress) && comm && *comm)
+        after_init(*comm, id_from_unique(&commId), nranks, rank);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId commId, int rank,
+                                           ncclConfig_t *config) {
+    typedef ncclResult_t (*fn_t)(ncclComm_t *, int, ncclUniqueId, int, ncclConfig_t *);
+    REAL(fn_t, ncclCommInitRankConfig)
+    if (UNLIKELY(!fn_ncclCommInitRankConfig)) return MISSING;
+    int outer = !t_in_hook;
+    t_in_hook++;
+    ncclResult_t rc = fn_ncclCommInitRankConfig(comm, nranks, commId, rank, config);
+    t_in_hook--;
+    if (outer && (rc == ncclSuccess || rc == ncclInProgress) && comm && *comm)
+        after_init(*comm, id_from_unique(&commId), nranks, rank);
+    return rc;
+}
+
+EXPORT ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int rank, int nId,
+                                             ncclUniqueId *commIds, ncclConfig_t *config) {
+    typedef ncclResult_t (*fn_t)(ncclComm_t *, int, int, int, ncclUniqueId *, ncclConfig_t *);
+    REAL(fn_t, ncclCommInitRankScalable)
+    if (UNLIKELY(!fn_ncclCommInitRankScalable)) return MISSING;
+    int outer = !t_in_hook;
+    t_in_hook++;
+    ncclResult_t rc = fn_ncclCommInitRankScalable(comm, nranks, rank, nId, commIds, config);
+    t_in_hook--;
+    if (outer && (rc == ncclSuccess || rc == ncclInProgress) && comm && *comm && nId > 0 && commIds)
+        after_init(*comm, mix64(fnv1a(commIds, (size_t)nId * sizeof *commIds, FNV_BASIS)), nranks, rank);
+    return rc;
+}
+
+static uint32_t g_initall_calls;
+
+EXPORT ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
+    typedef ncclResult_t (*fn_t)(ncclComm_t *, int, const int *);
+    REAL(fn_t, ncclCommInitAll)
+    if (UNLIKELY(!fn_ncclCommInitAll)) return MISSING;
+    int outer = !t_in_hook;
+    t_in_hook++;
+    ncclResult_t rc = fn_ncclCommInitAll(comms, ndev, devlist);
+    t_in_hook--;
+    if (outer && rc == ncclSuccess && comms) {
+        /* one process owns every rank: NCCL's unique id stays inside it, so use pid + call number */
+        uint32_t n = __atomic_fetch_add(&g_initall_calls, 1, __ATOMIC_RELAXED);
+        uint64_t id = mix64(0x696e6974616c6cull ^ ((uint64_t)getpid() << 20) ^ n);
+        for (int i = 0; i < ndev; i++)
+            if (comms[i]) after_init(comms[i], id, ndev, i);
+    }
+    return rc;
+}
+
+EXPORT ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config) {
+    typedef ncclResult_t (*fn_t)(ncclComm_t, int, int, ncclComm_t *, ncclConfig_t *);
+    REAL(fn_t, ncclCommSplit)
+    if (UNLIKELY(!fn_ncclCommSplit)) return MISSING;
+    int outer = !t_in_hook;
+    t_in_hook++;
+    ncclResult_t rc = fn_ncclCommSplit(comm, color, key, newcomm, config);
+    t_in_hook--;
+    if (!outer || (rc != ncclSuccess && rc != ncclInProgress)) return rc;
+    int saved = errno;
+    /* every member of the parent calls split in the same order with the same colour for one new comm;
+     * the key differs per rank, so the id is parent id + colour + the parent's split count */
+    struct comm_entry *pe = comm_lookup(comm);
+    uint64_t parent = pe ? pe->id : mix64((uint64_t)(uintptr_t)comm);
+    uint32_t n = pe ? __atomic_fetch_add(&pe->splits, 1, __ATOMIC_RELAXED) : 0;
+    uint64_t id = mix64(parent ^ mix64(((uint64_t)(uint32_t)color << 32) | n));
+    int nr = 0, r = -1, dev = -1;
+    if (newcomm && *newcomm) {
+        resolve_queries();
+        if (!p_comm_count || p_comm_count(*newcomm, &nr) != ncclSuccess) nr = 0; /* filled lazily */
+        if (!p_comm_user_rank || p_comm_user_rank(*newcomm, &r) != ncclSuccess) r = -1;
+        dev = query_device(*newcomm);
+        comm_insert(*newcomm, id, nr, r, dev);
+    }
+    record_event(FAILSLOW_OP_COMM_SPLIT, newcomm && *newcomm ? id : 0, nr, r, dev, color, (uint64_t)(int64_t)key,
+                 parent);
+    errno = saved;
+    return rc;
+}
+
+static ncclResult_t end_comm(int op, ncclComm_t comm, ncclResult_t (*fn)(ncclComm_t)) {
+    int outer = !t_in_hook;
+    if (outer && comm) {
+        int saved = errno;
+        struct comm_facts f;
+        struct comm_entry *e = comm_lookup(comm);
+        if (e) {
+            f.id = e->id;
+            f.nranks = e->nranks;
+            f.rank = e->rank;
+            f.device = e->device;
+            record_event(op, f.id, f.nranks, f.rank, f.device, -1, 0, 0);
+        }
+        comm_remove(comm); /* before the pointer can be reused by a new init */
+        errno = saved;
+    }
+    t_in_hook++;
+    ncclResult_t rc = fn(comm);
+    t_in_hook--;
+    return rc;
+}
+
+EXPORT ncclResult_t ncclCommDestroy(ncclComm_t comm) {
+    typedef ncclResult_t (*fn_t)(ncclComm_t);
+    REAL(fn_t, ncclCommDestroy)
+    if (UNLIKELY(!fn_ncclCommDestroy)) return MISSING;
+    return end_comm(FAILSLOW_OP_COMM_DESTROY, comm, fn_ncclCommDestroy);
+}
+
+EXPORT ncclResult_t ncclCommAbort(ncclComm_t comm) {
+    typedef ncclResult_t (*fn_t)(ncclComm_t);
+    REAL(fn_t, ncclCommAbort)
+    if (UNLIKELY(!fn_ncclCommAbort)) return MISSING;
+    return end_comm(FAILSLOW_OP_COMM_ABORT, comm, fn_ncclCommAbort);
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* process lifecycle                                                                                */
+
+static void after_fork_child(void) {
+    /* the parent's ring stays the parent's: the child gets its own at its next NCCL call */
+    struct failslow_ring_header *h = g_ring;
+    if (h) munmap(h, g_ring_size);
+    g_ring = NULL;
+    g_ring_state = RING_NONE;
+    g_ring_pid = 0;
+    t_tid = 0;
+    t_in_hook = 0;
+    /* threads do not survive fork: no resolver, and no CUDA use in the child without a new pool */
+    g_resolver_running = 0;
+    g_pool_ready = 0;
+    for (unsigned i = 0; i < PEND_SLOTS; i++) g_pend[i].state = PEND_FREE;
+}
+
+static void at_exit_cleanup(void) {
+    __atomic_store_n(&g_resolver_stop, 1, __ATOMIC_RELEASE);
+    struct failslow_ring_header *h = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
+    if (h && g_ring_pid == getpid() && !g_keep_rings) unlink(g_ring_path);
+}
+
+__attribute__((constructor)) static void shim_init(void) {
+    const char *k = getenv("FAILSLOW_KEEP_RINGS");
+    g_keep_rings = k && *k && strcmp(k, "0") != 0;
+    const char *d = getenv("FAILSLOW_SHIM_DEBUG");
+    g_debug = d && *d && strcmp(d, "0") != 0;
+    const char *st = getenv("FAILSLOW_SUSPEND_TIMEOUT_MS");
+    if (st && *st) {
+        char *end;
+        unsigned long v = strtoul(st, &end, 10);
+        if (*end == 0 && v > 0 && v < 3600000ul) g_suspend_default_ms = (unsigned)v;
+    }
+    pthread_atfork(NULL, NULL, after_fork_child);
+    atexit(at_exit_cleanup);
+}
+
+/* For tests and tools: the path of this process's ring ("" before the first NCCL call). */
+EXPORT const char *failslow_shim_ring_path(void) {
+    return __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE) ? g_ring_path : "";
+}

@@ -1,0 +1,26 @@
+#!/bin/sh
+# Runs the shim's C tests: each mode in a fresh process under LD_PRELOAD, in a private ring directory.
+# Fails loudly (non-zero exit, the failing mode named) on the first error.
+set -u
+B=$(cd "$1" && pwd)
+SHIM="$B/libfailslow_shim.so"
+D=$(mktemp -d "${TMPDIR:-/tmp}/failslow-shimtest-$$-XXXXXX")
+trap 'rm -rf "$D"' EXIT
+fail() { echo "shim tests: FAILED: $*" >&2; exit 1; }
+run() {
+    mode=$1; shift
+    env "$@" FAILSLOW_SHM_DIR="$D" LD_PRELOAD="$SHIM" "$B/test_shim" "$mode" || fail "$mode"
+}
+[ -z "$(env LD_PRELOAD= "$B/test_shim" basic 2>&1 | grep 'not preloaded')" ] && fail "bare run did not notice the missing shim"
+run basic RANK=5 WORLD_SIZE=8 FAILSLOW_TP=2 FAILSLOW_PP=4 FAILSLOW_DP=1 FAILSLOW_JOB=shimtest FAKE_NCCL_FAIL_PEER=2
+[ -z "$(ls -A "$D")" ] || fail "ring left behind after a clean exit: $(ls -A "$D")"
+run threads FAILSLOW_RING_CAPACITY=4096
+run overflow FAILSLOW_RING_CAPACITY=64
+run fork
+run killed
+run suspend
+run profile FAILSLOW_CUDART_LIB="$B/libfakecudart.so" FAKE_CUDA_LAG_NS=400000000 FAKE_NCCL_DELAY_NS=2000000
+env FAILSLOW_SHM_DIR=/nonexistent/failslow LD_PRELOAD="$SHIM" "$B/test_shim" nodir || fail nodir
+env FAILSLOW_SHM_DIR="$D" FAILSLOW_KEEP_RINGS=1 LD_PRELOAD="$SHIM" "$B/test_dlopen" "$B/libapp.so" || fail dlopen
+[ "$(ls "$D" | grep -c '^failslow-.*\.ring$')" = 1 ] || fail "FAILSLOW_KEEP_RINGS=1 should keep the ring"
+echo "shim tests: all passed"
