@@ -31,7 +31,7 @@ from failslow.errors import InputError
 from failslow.whatif.model import Model, build_model
 from failslow.whatif.rootcause import RootCause, diagnose
 from failslow.whatif.simulate import FullLanes, OneRankLanes, simulate
-from failslow.whatif.trace import OPTYPES, Trace
+from failslow.whatif.trace import OPTYPES, Kind, Trace
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -199,8 +199,12 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     order = np.argsort(-S_w.reshape(-1), kind="stable")[:k]
     top = tuple((int(w // pp), int(w % pp)) for w in order)
     sel = np.zeros((n, dp), bool)
+    dp_coll = np.array([OPTYPES[o].kind == Kind.DP_COLL for o in m.optype.tolist()], dtype=bool)
     for d, p in top:
         sel[scope[p], d] = True
+        # the DP collectives it takes part in are shared: a worker slow to serve its part of a
+        # (CPU-driven) ring slows every member's transfer, so fixing it fixes them all
+        sel[dp_coll & (m.stage == p), :] = True
     t3 = full((~sel)[None])
     M_W = _share(T, float(t3[0].mean()), T_ideal)
 
