@@ -75,3 +75,35 @@ def test_definitions_on_a_hand_made_data_parallel_trace() -> None:
     assert r.M_S is None  # no pipeline
     # the median idealisation takes the typical forward (0.1 vs 0.3 -> 0.2 median of two)
     assert analyze(t, ideal="median").T_ideal == pytest.approx(0.55)
+
+
+def test_recorded_p2p_no_ops_are_recognised_and_left_out() -> None:
+    # Interleaved profilers record a forward-recv even before stage 0's first model chunk, which
+    # has no sender. Add such zero-length no-ops to a trace: the model must flag them and the
+    # replay must stay exact.
+    st = generate(SynthConfig(dp=2, pp=2, vpp=2, micro_batches=4, steps=2, launch_delay=0.0, seed=3))
+    cols = {k: (v if k == "optype" else np.asarray(v).copy()) for k, v in st.columns.items()}
+    codes, names = cols["optype"]
+    fwd, frecv = names.index("forward-compute"), names.index("forward-recv")
+    first_chunk = (codes == fwd) & (cols["stage"] == 0) & (cols["gmc"] == 0)
+    extra = {k: (v[first_chunk].copy() if k != "optype" else None) for k, v in cols.items()}
+    extra["duration"][:] = 0.0
+    extra["mc"][:] = extra["gmc"][:] = extra["mb_id"][:] = -1
+    merged = {k: np.concatenate([cols[k], extra[k]]) for k in cols if k != "optype"}
+    merged_codes = np.concatenate([codes, np.full(int(first_chunk.sum()), frecv)])
+    # renumber forward-recv seq_id on stage 0 in time order, per (dp, step)
+    sel = np.flatnonzero((merged_codes == frecv) & (merged["stage"] == 0))
+    order = sel[np.lexsort((merged["start_ts"][sel], merged["step"][sel], merged["dp_rank"][sel]))]
+    key = merged["dp_rank"][order] * 10_000 + merged["step"][order]
+    first = np.r_[0, np.flatnonzero(np.diff(key)) + 1]
+    counts = np.diff(np.r_[first, order.size])
+    merged["seq_id"][order] = np.arange(order.size) - np.repeat(first, counts)
+    merged["optype"] = (merged_codes, names)
+    from failslow.whatif import trace_from_columns
+
+    t = trace_from_columns(merged, st.meta)
+    m = build_model(t)
+    assert m.n_noops == int(first_chunk.sum()) // (2 * 2)  # per template: no-ops of one dp rank, one step
+    _start, end = simulate_timeline(m)
+    np.testing.assert_allclose(end[m.simulated], m.end[m.simulated], atol=1e-12)
+    assert analyze(t).simulation_error < 1e-12
