@@ -13,16 +13,18 @@ PP streams (forward-send, forward-recv, backward-send, backward-recv). Edges:
 
 * same-stream order (the trace's order);
 * a receive before the compute that consumes it, a compute before the send of its output;
-* an op issued by the CPU after some main-stream op waits for it (inferred from the template's
-  timing: the last main-stream op that ended before the op started) - this captures Megatron's
-  fused send/recv calls of 1F1B and interleaved schedules without hard-coding either;
+* CPU issue order, inferred from the template's (median) timing: an op waits for the last
+  main-stream op and the last DP collective that ended before it started, and a blocking call (the
+  next main-stream op started only after it ended) is waited for by that next op - this captures
+  Megatron's fused send/recv calls of 1F1B and interleaved schedules without hard-coding either;
 * params all-gather of a model chunk before the chunk's first forward; every grads reduce-scatter
   before the optimizer phase (grad-norm clip, or the optimizer when there is none).
 
-Communication groups: a P2P send pairs with the receive of the adjacent stage (per channel, in FIFO
-order); DP collectives synchronise the DP ranks of a stage (`dp_sync`); the grad-norm clip
-synchronises all workers; embedding grads all-reduce joins the first and last stage of a DP rank.
-The transfer duration of a member is its end minus the latest start among the group's members.
+Calls: the nodes of one worker that start and end together - a local op, a collective, or a batched
+P2P call whose parts each pair with the matching op of the adjacent stage (per channel, FIFO).
+DP collectives synchronise the DP ranks of a stage (`dp_sync`); the grad-norm clip synchronises all
+workers; embedding grads all-reduce joins the first and last stage of a DP rank. The transfer
+duration of a call is its end minus the latest start among it and its peers.
 """
 
 from __future__ import annotations
