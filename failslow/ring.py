@@ -567,8 +567,8 @@ class RingWriter:
                 self._q[self._dropped_q] += 1
                 return None
             self._q[qi] = s | STAMP_BUSY
-            if old:
-                self._q[self._over_q] += 1
+            if old:  # same rule as the C writer: records lost to wrapping = write_index - capacity
+                self._q[self._over_q] = s - self.capacity
         return s, qi
 
     def begin(

@@ -143,7 +143,7 @@ struct failslow_ring_header {
     uint64_t write_index;     /*  256 records claimed so far (own cache line: the hot counter) */
     uint8_t pad1[56];         /*  264 */
     uint64_t dropped;         /*  320 records the writer gave up on (slot busy after a full wrap) */
-    uint64_t overwritten;     /*  328 committed records the writer overwrote (ring overflow) */
+    uint64_t overwritten;     /*  328 records overwritten by the ring wrapping: write_index - capacity */
     uint8_t pad2[48];         /*  336 */
     uint32_t control;         /*  384 FAILSLOW_CTL_* (own cache line: written by controllers) */
     uint32_t suspend_timeout_ms; /* 388 max wait per call while SUSPEND is set; 0 = producer default */
@@ -189,7 +189,9 @@ static inline struct failslow_record *failslow_ring_claim(struct failslow_ring_h
     }
     /* the BUSY stamp must be visible before any payload store */
     __atomic_thread_fence(__ATOMIC_RELEASE);
-    if (old != 0) __atomic_add_fetch(&h->overwritten, 1, __ATOMIC_RELAXED);
+    /* a plain store, not a locked add, keeps the hot path at two atomic RMWs; with one writer thread it is
+     * exact, with several it may briefly lag by the records in flight */
+    if (old != 0 && s > h->capacity) __atomic_store_n(&h->overwritten, s - h->capacity, __ATOMIC_RELAXED);
     *seq = s;
     return r;
 }

@@ -537,6 +537,7 @@ static struct failslow_ring_header *create_ring(void) {
 static struct failslow_ring_header *ring(void) {
     struct failslow_ring_header *h = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
     if (LIKELY(h != NULL)) return h;
+    if (__atomic_load_n(&g_ring_state, __ATOMIC_RELAXED) != RING_NONE) return NULL; /* no CAS per call */
     int expect = RING_NONE;
     if (!__atomic_compare_exchange_n(&g_ring_state, &expect, RING_CREATING, 0, __ATOMIC_ACQ_REL,
                                      __ATOMIC_ACQUIRE))

@@ -495,6 +495,26 @@ static int mode_nodir(void) {
     return 0;
 }
 
+/* --- serve: a long-lived "rank" for the Python-side tests (tests/shim/): one call per stdin line ---- */
+
+static int mode_serve(void) {
+    ncclComm_t c = init_comm(4, 1, 0x5E);
+    for (int i = 0; i < 10; i++) ncclAllGather(0, 0, (size_t)(100 + i), ncclBfloat16, c, (void *)0x99);
+    ncclGroupStart();
+    ncclSend(0, 8, ncclFloat32, 2, c, 0);
+    ncclRecv(0, 8, ncclFloat32, 0, c, 0);
+    ncclGroupEnd();
+    printf("%s\n", shim_ring_path());
+    fflush(stdout);
+    char line[64];
+    while (fgets(line, sizeof line, stdin)) {
+        ncclAllReduce(0, 0, (size_t)atol(line), ncclFloat32, ncclSum, c, 0);
+        printf("done\n");
+        fflush(stdout);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_shim MODE [ARG]\n");
@@ -509,6 +529,7 @@ int main(int argc, char **argv) {
     if (!strcmp(g_mode, "suspend")) return mode_suspend();
     if (!strcmp(g_mode, "profile")) return mode_profile();
     if (!strcmp(g_mode, "nodir")) return mode_nodir();
+    if (!strcmp(g_mode, "serve")) return mode_serve();
     fprintf(stderr, "unknown mode %s\n", g_mode);
     return 2;
 }

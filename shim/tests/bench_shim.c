@@ -1,0 +1,66 @@
+/*
+ * Host-path cost of an NCCL call against the stand-in libnccl (which returns at once): run it bare and
+ * under LD_PRELOAD=libfailslow_shim.so; the difference is what the shim adds per call.
+ * Usage: bench_shim CALLS THREADS   -> prints "ns_per_call <float>" (mean over threads of wall/calls)
+ *        bench_shim clock N          -> prints "ns_per_clock <float>" (one clock_gettime(CLOCK_MONOTONIC))
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "nccl_abi.h"
+
+static long g_calls;
+static ncclComm_t g_comm[64];
+static double g_ns[64];
+static pthread_barrier_t g_bar;
+
+static int64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void *run(void *arg) {
+    long t = (long)arg;
+    for (int i = 0; i < 1000; i++) ncclAllReduce(0, 0, 1024, ncclFloat32, ncclSum, g_comm[t], 0); /* warm */
+    pthread_barrier_wait(&g_bar);
+    int64_t t0 = now_ns();
+    for (long i = 0; i < g_calls; i++) ncclAllReduce(0, 0, 1024, ncclFloat32, ncclSum, g_comm[t], 0);
+    g_ns[t] = (double)(now_ns() - t0) / (double)g_calls;
+    return NULL;
+}
+
+int main(int argc, char **argv) {
+    if (argc == 3 && !strcmp(argv[1], "clock")) { /* the cost of one clock read, the shim's main expense */
+        long n = atol(argv[2]);
+        struct timespec ts;
+        int64_t t0 = now_ns();
+        for (long i = 0; i < n; i++) clock_gettime(CLOCK_MONOTONIC, &ts);
+        printf("ns_per_clock %.2f\n", (double)(now_ns() - t0) / (double)n);
+        return 0;
+    }
+    if (argc != 3) return 2;
+    g_calls = atol(argv[1]);
+    int nt = atoi(argv[2]);
+    if (nt < 1 || nt > 64 || g_calls < 1) return 2;
+    for (int t = 0; t < nt; t++) {
+        ncclUniqueId id;
+        memset(id.internal, t + 1, sizeof id.internal);
+        if (ncclCommInitRank(&g_comm[t], nt, id, t) != ncclSuccess) return 1;
+    }
+    pthread_barrier_init(&g_bar, NULL, (unsigned)nt);
+    pthread_t th[64];
+    for (long t = 0; t < nt; t++) pthread_create(&th[t], NULL, run, (void *)t);
+    double sum = 0;
+    for (int t = 0; t < nt; t++) {
+        pthread_join(th[t], NULL);
+        sum += g_ns[t];
+    }
+    printf("ns_per_call %.2f\n", sum / nt);
+    return 0;
+}
