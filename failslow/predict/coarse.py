@@ -52,11 +52,47 @@ def _factors(k: int, slowdown: Sequence[float] | None) -> FloatArray:
     return f
 
 
+def expected_max(samples: FloatArray, factors: FloatArray) -> float:
+    """E[max_w f_w·X_w] for independent X_w drawn from the empirical distribution of `samples`.
+
+    The barrier of a synchronous step waits for the slowest worker, so the step pays the expected
+    maximum of K compute times, not their mean. With the empirical CDF F, P(max ≤ t) = Π_w F(t / f_w);
+    it only jumps at the candidates f_w·x_i, so the expectation is an exact finite sum.
+    """
+    xs = np.sort(np.asarray(samples, dtype=np.float64))
+    n = xs.shape[0]
+    if n == 1:
+        return float(xs[0] * factors.max())
+    cand = np.unique(np.outer(factors, xs).ravel())
+    cdf = np.ones_like(cand)
+    for f in factors:
+        cdf *= np.searchsorted(xs, cand / f * (1 + 1e-12), side="right") / n
+    return float(np.sum(cand * np.diff(cdf, prepend=0.0)))
+
+
+def expected_order_stats(samples: FloatArray, k: int) -> FloatArray:
+    """E[X_(1)] ≤ … ≤ E[X_(k)]: expected sorted values of k independent draws from `samples`."""
+    from scipy.stats import binom
+
+    xs = np.sort(np.asarray(samples, dtype=np.float64))
+    n = xs.shape[0]
+    if n == 1:
+        return np.full(k, xs[0])
+    f_hi = np.arange(1, n + 1) / n
+    f_lo = np.arange(0, n) / n
+    j = np.arange(1, k + 1)[:, None]
+    # P(X_(j) ≤ x_i) = P(at least j of k draws ≤ x_i) = binom.sf(j − 1, k, F(x_i))
+    mass = binom.sf(j - 1, k, f_hi[None, :]) - binom.sf(j - 1, k, f_lo[None, :])
+    return np.asarray(mass @ xs, dtype=np.float64)
+
+
 def ring_step_time(p: Profile, k: int, *, overlap: bool | None = None,
                    slowdown: Sequence[float] | None = None) -> float:
     """Seconds per step of ring all-reduce Sync-SGD with K workers.
 
-    Without overlap: T = max_w(T_F + T_B) + 2(K−1)(M/(K·B) + α) + T_update. With overlap, each layer's
+    Without overlap: T = E[max_w (T_F + T_B + T_update)_w] + 2(K−1)(M/(K·B) + α), the expectation over
+    the profiled per-step compute times (the all-reduce is a barrier: it starts when the slowest worker
+    of the step arrives; with one recorded step this is the mean form of the paper). With overlap, each layer's
     gradient is all-reduced (in backward order, one at a time on the ring) as soon as every worker has
     computed it, so the all-reduce of the last layers hides behind the backward of the first ones.
     """
@@ -67,7 +103,9 @@ def ring_step_time(p: Profile, k: int, *, overlap: bool | None = None,
     hop = p.ring_hop_latency
     if not ov:
         comm = 0.0 if k == 1 else 2 * (k - 1) * (p.model_bytes / (k * bw) + hop)
-        return float(slow * (p.forward_s.sum() + p.backward_s.sum() + p.update_s) + comm)
+        sf, sb = p.step_samples()
+        compute = expected_max(sf.sum(axis=1) + sb.sum(axis=1) + p.update_s, f)
+        return float(compute + comm)
     t = float(slow * p.forward_s.sum())
     link_free = t
     for layer in range(p.n_layers - 1, -1, -1):
@@ -100,6 +138,10 @@ def ps_sync_step_time(p: Profile, k: int, *, link: LinkModel = "hybrid", overlap
     overlap, the compute a worker does in a step is corrected to max(0, T_F − T_D) + max(0, T_B − T_U)
     with T_D, T_U its own download/upload times, as forward/backward of a layer start as soon as that
     layer's parameters arrive / gradients are ready.
+
+    Local work: a worker packs its gradient and unpacks parameters (about the memory traffic of the
+    profiled ``update_s``, counted with its backward); the server spends ``accumulate_s`` per gradient
+    summed plus one more to apply the mean.
     """
     if link not in ("ps", "fcfs", "hybrid"):
         raise InputError(f"link model must be ps, fcfs or hybrid, got {link!r}")
@@ -117,7 +159,14 @@ def ps_sync_step_time(p: Profile, k: int, *, link: LinkModel = "hybrid", overlap
         down_done = (np.arange(k) + 1.0) * m + lat
         own_down = np.full(k, m)
     fwd = f * p.forward_s.sum()
-    bwd = f * p.backward_s.sum()
+    bwd = f * (p.backward_s.sum() + p.update_s)  # + packing the gradient / unpacking parameters
+    sf, sb = p.step_samples()
+    if not ov and np.all(f == f[0]) and sf.shape[0] > 1:
+        # Compute times vary step to step: use the expected order statistics of K draws, so the last
+        # upload starts as late as the slowest worker does (under FCFS, paired with download order —
+        # an approximation; under PS every download ends together and the pairing does not matter).
+        stats = f[0] * expected_order_stats(sf.sum(axis=1) + sb.sum(axis=1) + p.update_s, k)
+        return _finish_ps_sync(p, k, link, down_done + stats, m, lat)
     if ov:
         # Forward overlaps the worker's own download; backward overlaps its upload (≈ one transfer alone
         # when the others are still computing, k transfers' worth when all upload together).
@@ -126,16 +175,21 @@ def ps_sync_step_time(p: Profile, k: int, *, link: LinkModel = "hybrid", overlap
         up_start = down_done + compute
     else:
         up_start = down_done + fwd + bwd
+    return _finish_ps_sync(p, k, link, up_start, m, lat)
+
+
+def _finish_ps_sync(p: Profile, k: int, link: str, up_start: FloatArray, m: float, lat: float) -> float:
+    """From when each worker starts its upload to the end of the server's update."""
     if link == "ps":
         # Shared uplink: the K gradients land together, then the server sums them.
-        return _makespan(up_start, m) + lat + k * p.accumulate_s + p.update_s
+        return _makespan(up_start, m) + lat + (k + 1) * p.accumulate_s
     # One gradient at a time: the server sums each as it lands, overlapping the next transfer.
     link_t = 0.0
     cpu_t = 0.0
     for a in np.sort(up_start):
         link_t = max(link_t, float(a)) + m
         cpu_t = max(cpu_t, link_t + lat) + p.accumulate_s
-    return cpu_t + p.update_s
+    return cpu_t + p.accumulate_s  # applying the mean costs one more pass over the model
 
 
 @dataclass(frozen=True)
@@ -161,7 +215,8 @@ def ps_async(p: Profile, k: int, *, link: StationKind | Literal["auto"] = "auto"
 
     Each worker is a class with one job: its step cycles through the server downlink (M/B), its own
     compute (a delay, scaled by its slowdown factor), the server uplink (M/B) and the server CPU
-    (accumulate + update). Links are PS stations unless the busiest link's utilisation under PS reaches
+    (apply the gradient and copy the parameters to send: 2 × accumulate; the worker's own packing and
+    unpacking, ``update_s``, is part of its delay). Links are PS stations unless the busiest link's utilisation under PS reaches
     ``threshold`` (or ``link="fcfs"``), then FCFS with deterministic transfers (cv² = 0): a saturated
     link sends whole messages back-to-back. With overlap, the worker's delay is the overlap-corrected
     S_W = max(0, S_F − T_D) + max(0, S_B − T_U), T_D/T_U the MVA response times of the links, iterated
@@ -175,8 +230,8 @@ def ps_async(p: Profile, k: int, *, link: StationKind | Literal["auto"] = "auto"
     ov = p.overlap if overlap is None else overlap
     m = p.model_bytes / p.effective_bandwidth
     fwd = f * p.forward_s.sum()
-    bwd = f * p.backward_s.sum()
-    server = np.full(k, p.accumulate_s + p.update_s)
+    bwd = f * (p.backward_s.sum() + p.update_s)
+    server = np.full(k, 2 * p.accumulate_s)  # apply the gradient, copy the parameters to send
     exact = k <= exact_max
 
     def solve(kind: StationKind) -> MVAResult:

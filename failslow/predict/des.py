@@ -264,6 +264,10 @@ class _Job:
         s = self.slowdown[w.index]
         w.fwd = self.sf[d] * s
         w.bwd = self.sb[d] * s
+        if self.arch != "ring":
+            # Packing the gradient / unpacking parameters, after the last backward (as in `coarse`).
+            w.bwd = w.bwd.copy()
+            w.bwd[0] += self.p.update_s * s
         w.fwd_next = 0
         w.computing = False
         w.up_done = 0
@@ -336,7 +340,7 @@ class _Job:
         if w.up_done < len(self.msg_bytes):
             return
         if self.arch == "ps-async":
-            self.server.submit(self.p.accumulate_s + self.p.update_s, self._applied_async, w)
+            self.server.submit(2 * self.p.accumulate_s, self._applied_async, w)
         else:
             self.server.submit(self.p.accumulate_s, self._accumulated_sync, w)
 
@@ -356,7 +360,7 @@ class _Job:
         self.sync_uploads += 1
         if self.sync_uploads == self.k:
             self.sync_uploads = 0
-            self.server.submit(self.p.update_s, self._updated_sync, None)
+            self.server.submit(self.p.accumulate_s, self._updated_sync, None)
 
     def _updated_sync(self, _: Any) -> None:
         for w in self.workers:

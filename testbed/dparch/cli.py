@@ -46,8 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cpu-total", type=float, default=1.4,
                    help="CPUs shared by the largest run; each process gets cpu-total/(max K + 1) (default 1.4)")
     p.add_argument("--profile-out", type=Path, help="write the single-worker profile JSON here")
-    p.add_argument("--profile-twice", action="store_true",
-                   help="profile before and after the runs and merge (drift of a shared machine shows in both)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="runs per (arch, K) in shuffled order, median reported; profiles after each round")
     p.add_argument("--out", type=Path, help="write measured throughput (and raw run data) here")
 
 
@@ -68,6 +68,8 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(str(exc)) from exc
     if args.steps is not None and args.steps < 1:
         raise InputError("--steps must be >= 1")
+    if args.repeats < 1:
+        raise InputError("--repeats must be >= 1")
     if args.warmup < 1:
         raise InputError("--warmup must be >= 1 (the first step includes connection set-up)")
     if not 0 < args.cpu_total <= (os.cpu_count() or 1):
@@ -76,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("dp-scaling needs root (network namespaces, tc, cgroups)")
     cap = args.cpu_total / (max(workers) + 1)
     base = RunSpec(arch="ring", workers=1, rate=args.rate, cpu_cap=cap, warmup=args.warmup)
-    doc = sweep(base, archs, workers, profile=args.profile_out is not None, profile_twice=args.profile_twice,
+    doc = sweep(base, archs, workers, profile=args.profile_out is not None, repeats=args.repeats,
                 steps=args.steps,
                 log=lambda s: print(s, file=sys.stderr, flush=True))
     if args.profile_out is not None:

@@ -3,14 +3,16 @@
 `python -m testbed.dparch.measure [--out docs/data/predict-measured.json]` runs the full sweep that
 docs/predict.md and the accuracy table in docs/BENCHMARKS.md are built from (K = 1…8 × ring,
 ps-sync, ps-async; about 15 minutes on the 2-core box). It is deliberately not part of `make test`.
-The profile is taken twice — before and after the sweep — and merged, so slow drift of a shared
-machine shows up in both the profile and the runs instead of only in the later runs.
+Every (architecture, K) is measured `--repeats` times in shuffled order and the median kept; the
+profile is taken before the first and after every repetition and merged, so load from neighbours on
+the shared machine shows up in the profile and in random runs rather than in a block of K.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -24,8 +26,8 @@ from testbed.dparch.run import ARCHS, RunSpec, profile_doc, run_pool, throughput
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "data" / "predict-measured.json"
 # Steps per run: enough measured steps for a stable mean, few enough that K = 8 with a parameter
 # server (about 1 s per step) finishes in ~15 s.
-STEPS = {"ring": 20, "ps-sync": 10, "ps-async": 16}
-WARMUP = {"ring": 4, "ps-sync": 3, "ps-async": 3}
+STEPS = {"ring": 14, "ps-sync": 8, "ps-async": 12}
+WARMUP = {"ring": 3, "ps-sync": 2, "ps-async": 2}
 
 
 def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -49,42 +51,59 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profile: bool = True,
-          profile_twice: bool = True, steps: int | None = None, log: Callable[[str], None] = print,
+          repeats: int = 1, steps: int | None = None, seed: int = 0, log: Callable[[str], None] = print,
           save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Profile (optionally) and measure every (architecture, K); returns the data document.
+    """Profile and measure every (architecture, K) `repeats` times; returns the data document.
+
+    The jobs of each repetition run in a shuffled order and a profile is taken before the first and
+    after every repetition, all merged: a burst of load from a neighbour on the shared machine then
+    hits random (architecture, K) pairs and the profile alike, and the per-pair median drops it.
 
     Args:
         base: settings shared by every run (rate, CPU cap, model).
         archs: architectures to measure.
         workers: worker counts.
-        profile: take the single-worker profile (before the runs, and after them if `profile_twice`).
-        profile_twice: profile again after the runs and merge the two.
+        profile: take single-worker profiles (otherwise only the runs).
+        repeats: runs per (architecture, K); the reported throughput is their median.
         steps: measured steps per run (default `STEPS` per architecture, warm-up `WARMUP`; with
             `steps` the warm-up is `base.warmup`).
+        seed: seed of the shuffle.
         log: progress lines.
         save: called with the finished document.
     """
-    doc: dict[str, Any] = {"format": "failslow-dp-measured/1", "spec": base.__dict__, "profiles": [],
-                           "runs": []}
+    if repeats < 1:
+        raise ValueError("repeats must be >= 1")
+    doc: dict[str, Any] = {"format": "failslow-dp-measured/2", "spec": base.__dict__, "repeats": repeats,
+                           "profiles": [], "runs": []}
     prof = replace(base, arch="profile", workers=1, steps=30, warmup=3)
+    rng = random.Random(seed)
     specs = [prof] if profile else []
-    for arch in archs:
-        for k in workers:
-            specs.append(replace(base, arch=arch, workers=k, steps=steps or STEPS[arch],
-                                 warmup=base.warmup if steps else WARMUP[arch]))
-    if profile and profile_twice:
-        specs.append(prof)
+    for _ in range(repeats):
+        rep = [replace(base, arch=arch, workers=k, steps=steps or STEPS[arch],
+                       warmup=base.warmup if steps else WARMUP[arch]) for arch in archs for k in workers]
+        rng.shuffle(rep)
+        specs += rep
+        if profile:
+            specs.append(prof)
     t = time.monotonic()
     jobs = run_pool(specs)
     log(f"{len(specs)} runs in {time.monotonic() - t:.0f}s")
+    samples: dict[tuple[str, int], list[float]] = {}
+    details: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for spec, job in zip(specs, jobs, strict=True):
         if spec.arch == "profile":
             doc["profiles"].append(profile_doc(job))
             continue
-        x = throughput(job)
-        doc["runs"].append({"arch": spec.arch, "workers": spec.workers, "samples_per_s": x, "steps": spec.steps,
-                            "warmup": spec.warmup, "detail": _detail(job)})
-        log(f"{spec.arch:8s} K={spec.workers}: {x:9.1f} samples/s")
+        samples.setdefault((spec.arch, spec.workers), []).append(throughput(job))
+        details.setdefault((spec.arch, spec.workers), []).append(_detail(job))
+    for arch in archs:
+        for k in workers:
+            xs = samples[(arch, k)]
+            doc["runs"].append({"arch": arch, "workers": k, "samples_per_s": statistics.median(xs),
+                                "repeats_samples_per_s": xs, "steps": steps or STEPS[arch],
+                                "warmup": base.warmup if steps else WARMUP[arch], "detail": details[(arch, k)]})
+            log(f"{arch:8s} K={k}: {statistics.median(xs):9.1f} samples/s  (runs: "
+                + ", ".join(f"{x:.0f}" for x in xs) + ")")
     if profile:
         doc["profile"] = merge_profiles(doc["profiles"])
     if save:
@@ -107,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arch", default=",".join(ARCHS))
     ap.add_argument("--workers", default="1-8")
     ap.add_argument("--rate", default=RunSpec.rate)
+    ap.add_argument("--repeats", type=int, default=3)
     args = ap.parse_args(argv)
     lo, _, hi = args.workers.partition("-")
     workers = list(range(int(lo), int(hi or lo) + 1))
@@ -116,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(d, indent=1) + "\n")
 
     sweep(RunSpec(arch="ring", workers=1, rate=args.rate), args.arch.split(","), workers, save=save,
+          repeats=args.repeats,
           log=lambda s: print(s, flush=True))
     return 0
 
