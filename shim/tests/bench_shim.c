@@ -1,8 +1,9 @@
 /*
  * Host-path cost of an NCCL call against the stand-in libnccl (which returns at once): run it bare and
  * under LD_PRELOAD=libfailslow_shim.so; the difference is what the shim adds per call.
- * Usage: bench_shim CALLS THREADS   -> prints "ns_per_call <float>" (mean over threads of wall/calls)
- *        bench_shim clock N          -> prints "ns_per_clock <float>" (one clock_gettime(CLOCK_MONOTONIC))
+ * Usage: bench_shim CALLS THREADS -> "ns_per_call W cpu_ns_per_call C" (means over threads; W from the wall
+ *                                    clock, C from the thread's CPU clock, which excludes time spent descheduled)
+ *        bench_shim clock N        -> "ns_per_clock W cpu_ns_per_clock C" (one clock_gettime(CLOCK_MONOTONIC))
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -16,7 +17,7 @@
 
 static long g_calls;
 static ncclComm_t g_comm[64];
-static double g_ns[64];
+static double g_ns[64], g_cpu_ns[64];
 static pthread_barrier_t g_bar;
 
 static int64_t now_ns(void) {
@@ -29,19 +30,28 @@ static void *run(void *arg) {
     long t = (long)arg;
     for (int i = 0; i < 1000; i++) ncclAllReduce(0, 0, 1024, ncclFloat32, ncclSum, g_comm[t], 0); /* warm */
     pthread_barrier_wait(&g_bar);
+    struct timespec c0, c1;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
     int64_t t0 = now_ns();
     for (long i = 0; i < g_calls; i++) ncclAllReduce(0, 0, 1024, ncclFloat32, ncclSum, g_comm[t], 0);
     g_ns[t] = (double)(now_ns() - t0) / (double)g_calls;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    /* CPU time of this thread: robust to being descheduled on a shared machine */
+    g_cpu_ns[t] = ((double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec)) / (double)g_calls;
     return NULL;
 }
 
 int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "clock")) { /* the cost of one clock read, the shim's main expense */
         long n = atol(argv[2]);
-        struct timespec ts;
+        struct timespec ts, c0, c1;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
         int64_t t0 = now_ns();
         for (long i = 0; i < n; i++) clock_gettime(CLOCK_MONOTONIC, &ts);
-        printf("ns_per_clock %.2f\n", (double)(now_ns() - t0) / (double)n);
+        double wall = (double)(now_ns() - t0) / (double)n;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+        double cpu = ((double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec)) / (double)n;
+        printf("ns_per_clock %.2f cpu_ns_per_clock %.2f\n", wall, cpu);
         return 0;
     }
     if (argc != 3) return 2;
@@ -56,11 +66,12 @@ int main(int argc, char **argv) {
     pthread_barrier_init(&g_bar, NULL, (unsigned)nt);
     pthread_t th[64];
     for (long t = 0; t < nt; t++) pthread_create(&th[t], NULL, run, (void *)t);
-    double sum = 0;
+    double sum = 0, cpu = 0;
     for (int t = 0; t < nt; t++) {
         pthread_join(th[t], NULL);
         sum += g_ns[t];
+        cpu += g_cpu_ns[t];
     }
-    printf("ns_per_call %.2f\n", sum / nt);
+    printf("ns_per_call %.2f cpu_ns_per_call %.2f\n", sum / nt, cpu / nt);
     return 0;
 }
