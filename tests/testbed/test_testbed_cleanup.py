@@ -18,6 +18,7 @@ ROOT = os.geteuid() == 0
 
 def _start(cmd: list[str], run_dir: Path, tmp_path: Path) -> tuple[subprocess.Popen[str], str]:
     args = [*cmd, "testbed", "run", "--dp", "2", "--pp", "1", "--iterations", "1000", "--layers", "2",
+            "--d-model", "64",
             "--report", str(tmp_path / "r.json"), "--run-dir", str(run_dir)]
     if ROOT:
         args += ["--inject", "cpu:rank=1,quota=0.5", "--inject", "link:node=0,rate=200mbit"]

@@ -51,10 +51,10 @@ def test_unwritable_report_exits_2(capsys: pytest.CaptureFixture[str], report: s
     assert rc == 2 and words in err, err
 
 
-def test_bad_trace_extension_exits_2(failslow_cmd: list[str], tmp_path: Path) -> None:
-    p = _run(failslow_cmd, "run", "--dp", "1", "--pp", "1", "--iterations", "1", "--report",
-             str(tmp_path / "r.json"), "--trace", str(tmp_path / "t.xlsx"))
-    assert p.returncode == 2 and "extension must be" in p.stderr
+def test_bad_trace_extension_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc = failslow_main(["testbed", "run", "--dp", "1", "--pp", "1", "--iterations", "1", "--report",
+                        str(tmp_path / "r.json"), "--trace", str(tmp_path / "t.xlsx")])
+    assert rc == 2 and "extension must be" in capsys.readouterr().err
 
 
 def test_argparse_errors_exit_2(failslow_cmd: list[str]) -> None:
