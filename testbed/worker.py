@@ -115,6 +115,10 @@ class Rank:
             from failslow import torchhook  # imported only when asked
 
             torchhook.install(job=self.cfg["job"], rank=self.rank, layout=self.layout)
+        elif os.environ.get("FAILSLOW_TORCH_HOOK"):
+            from failslow import torchhook
+
+            torchhook.install_from_env()
         dist.init_process_group("gloo", rank=self.rank, world_size=self.layout.world_size,
                                 timeout=timedelta(seconds=self.cfg.get("timeout_s", 300)))
         self._say("process group up")

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
-import torch
 import yaml
 
 from testbed.adapter import FileControlAdapter, TestbedAdapter, TrainingAdapter
@@ -194,6 +193,8 @@ def test_rebalanced_microbatches_keep_the_gradient(tmp_path: Path) -> None:
     assert recs[0][0]["mb"] == 4 and recs[0][skew_at]["mb"] == 6 and recs[2][skew_at]["mb"] == 6
     assert recs[1][skew_at]["mb"] == 2 and recs[1][other_at]["mb"] == 2 and recs[0][other_at]["mb"] == 5
     assert len(rep["losses"]) == 12
+    import torch  # here only: importing torch costs seconds at collection on a loaded machine
+
     grads = {it: [torch.load(tmp_path / "run" / "grads" / f"rank{r}-it{it}.pt") for r in range(4)]
              for it in (0, skew_at, other_at)}
     for even, skew in zip(grads[0], grads[skew_at], strict=True):
