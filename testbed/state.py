@@ -31,7 +31,7 @@ _counter = itertools.count()
 
 def state_dir() -> Path:
     """Directory holding the state files (created on demand)."""
-    for cand in (Path("/run/failslow-testbed"), Path("/tmp/failslow-testbed")):
+    for cand in (Path("/run/failslow-testbed"), Path(f"/tmp/failslow-testbed-{os.geteuid()}")):
         try:
             cand.mkdir(parents=True, exist_ok=True)
             if os.access(cand, os.W_OK):
