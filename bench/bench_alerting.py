@@ -6,8 +6,8 @@ Alertmanager on loopback:
 1. Alert chain alone: a stand-in detector endpoint (prometheus-client) flips `failslow_detector_failslow`
    to 1 for several jobs at staggered times; measured: flip -> FailSlowDetected at a real HTTP receiver.
    Compared with the budget the settings imply (scrape + evaluation + for + group_wait).
-2. Whole path on the testbed (tests/alerting/alerting_path.py, the integration test's harness): CPU-quota
-   fault on one rank of a DP2xPP2 job -> exporter -> Prometheus -> detector -> Alertmanager -> webhook.
+2. Whole path on the testbed (tests/alerting/alerting_path.py, the integration test's harness): a
+   0.4 s pause every iteration on one rank of a DP2xPP2 job -> exporter -> Prometheus -> detector -> Alertmanager -> webhook.
 """
 
 from __future__ import annotations
