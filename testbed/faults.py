@@ -63,8 +63,9 @@ class FaultTarget(Protocol):
         """Prefix for cgroups this target's faults create."""
         ...
 
-    def set_trainer_fault(self, fault_id: str, payload: dict[str, Any] | None) -> None:
-        """Activate (payload) or clear (None) an in-trainer fault on every rank."""
+    def set_trainer_fault(self, fault_id: str, payload: dict[str, Any] | None) -> int | None:
+        """Activate (payload) or clear (None) an in-trainer fault on every rank; returns the iteration
+        from which it applies, when known."""
         ...
 
     def layout_sizes(self) -> dict[str, int]:
@@ -249,6 +250,8 @@ class CpuFault(Fault):
 class _TrainerFault(Fault):
     """A fault the trainers apply themselves, switched through the control channel."""
 
+    _pending_iter: int | None = field(default=None, init=False, repr=False)
+
     def payload(self) -> dict[str, Any]:
         raise NotImplementedError
 
@@ -256,10 +259,24 @@ class _TrainerFault(Fault):
         return f"{self.kind}@{id(self):x}"
 
     def _apply(self) -> None:
-        self._env().set_trainer_fault(self._id(), {"kind": self.kind, **self.payload()})
+        self._pending_iter = self._env().set_trainer_fault(self._id(), {"kind": self.kind, **self.payload()})
 
     def _remove(self) -> None:
-        self._env().set_trainer_fault(self._id(), None)
+        self._pending_iter = self._env().set_trainer_fault(self._id(), None)
+
+    def start(self) -> None:
+        """Activate; the episode also records the iteration the trainers switch at (``start_iter``)."""
+        was = self.active
+        super().start()
+        if not was and self.active:
+            self.episodes[-1]["start_iter"] = self._pending_iter
+
+    def stop(self) -> None:
+        """Deactivate; the episode also records the iteration the trainers switch back at (``end_iter``)."""
+        was = self.active
+        super().stop()
+        if was and not self.active:
+            self.episodes[-1]["end_iter"] = self._pending_iter
 
 
 @dataclass

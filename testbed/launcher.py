@@ -271,15 +271,15 @@ class Testbed:
         """{"dp", "pp", "tp"} of the job."""
         return {"dp": self.layout.dp, "pp": self.layout.pp, "tp": self.layout.tp}
 
-    def set_trainer_fault(self, fault_id: str, payload: dict[str, Any] | None) -> None:
-        """Switch an in-trainer fault on (payload) or off (None) from a near-future iteration."""
+    def set_trainer_fault(self, fault_id: str, payload: dict[str, Any] | None) -> int:
+        """Switch an in-trainer fault on (payload) or off (None) from a near-future iteration (returned)."""
         state = self._current()
         faults = dict(state.get("faults") or {})
         if payload is None:
             faults.pop(fault_id, None)
         else:
             faults[fault_id] = payload
-        self._push({"faults": faults})
+        return self._push({"faults": faults})
 
     # --- control channel ----------------------------------------------------------------------
 
@@ -644,7 +644,7 @@ class Testbed:
                     if r["loss"] is not None:
                         per_it_losses.setdefault(r["it"], []).append((r["loss"], r["mb"]))
         losses = [sum(lo * m for lo, m in v) / sum(m for _, m in v) for _, v in sorted(per_it_losses.items())]
-        faults = [e for f in self.faults for e in f.log()]
+        faults = [self._effective(e) for f in self.faults for e in f.log()]
         faults.sort(key=lambda e: e["start_unix_s"])
         lay = self.layout
         rep: dict[str, Any] = {
@@ -670,6 +670,21 @@ class Testbed:
             meta = write_trace(Path(trace), self.run_dir, lay, self.records)
             rep["trace"], rep["trace_meta"] = str(trace), str(meta)
         return rep
+
+    def _iteration_start_unix(self, it: int) -> float | None:
+        starts = [r["end_unix"] - r["dt"] for recs in self.records.values() for r in recs if r["it"] == it]
+        return min(starts) if starts else None
+
+    def _effective(self, ep: dict[str, Any]) -> dict[str, Any]:
+        # trainer faults act from the iteration the control snapshot applies at, not from the moment
+        # the launcher wrote it: report that onset (and end), the ground truth detection is scored on
+        ep = dict(ep)
+        for key, it_key in (("start_unix_s", "start_iter"), ("end_unix_s", "end_iter")):
+            if ep.get(it_key) is not None:
+                t = self._iteration_start_unix(ep[it_key])
+                if t is not None:
+                    ep[key] = t
+        return ep
 
     def close(self) -> None:
         """Stop everything this job created (idempotent)."""

@@ -143,8 +143,8 @@ def test_cpu_and_link_faults_at_run_time(tmp_path: Path) -> None:
 def test_trainer_faults_and_tp(tmp_path: Path) -> None:
     """GC pauses, sequence-length and stage imbalance act in the trainers; TP2 trains; poisson schedules."""
     small = ModelConfig(d_model=64, layers=2)  # these checks do not depend on the model's size
-    cfg = JobConfig(dp=2, pp=2, tp=1, iterations=6, micro_batches=2, namespaces=False, model=small)
-    specs = ["gc:rank=2,every=2,pause=0.2", "seqlen:dp=1,factor=1.5", "stage:pp=1,layers=+2"]
+    cfg = JobConfig(dp=2, pp=2, tp=1, iterations=12, micro_batches=2, namespaces=False, model=small)
+    specs = ["gc:rank=2,every=4,pause=0.2", "seqlen:dp=1,factor=1.5", "stage:pp=1,layers=+2,start_iter=1,stop_iter=5"]
     with Testbed(cfg, specs, run_dir=tmp_path / "a") as tb:
         tb.start()
         rep = tb.wait()
@@ -152,12 +152,20 @@ def test_trainer_faults_and_tp(tmp_path: Path) -> None:
         recs = tb.records
     assert rep["namespaces"] is False
     for rank in range(4):
-        dp, pp = rank % 2, rank // 2
-        assert {r["seq_len"] for r in recs[rank]} == {96 if dp == 1 else 64}
-        assert {r["stage_factor"] for r in recs[rank]} == {3.0 if pp == 1 else 1.0}  # (1 + 2) / 1 layer
+        assert {r["seq_len"] for r in recs[rank]} == {96 if rank % 2 == 1 else 64}
+    # the scheduled stage fault: every rank of stage 1 computes 3x ((1 + 2) / 1 layer) over one
+    # contiguous range of iterations, and the report gives that range's wall-clock onset and end
+    stage_ep = next(e for e in rep["faults"] if e["kind"] == "stage")
+    first, last = stage_ep["start_iter"], stage_ep["end_iter"]
+    assert 1 <= first < last <= 12
+    for rank in range(4):
+        want = [3.0 if rank // 2 == 1 and first <= r["it"] < last else 1.0 for r in recs[rank]]
+        assert [r["stage_factor"] for r in recs[rank]] == want
+    assert stage_ep["start_unix_s"] == min(r["end_unix"] - r["dt"] for q in recs.values() for r in q
+                                           if r["it"] == first)
     lines = (tmp_path / "trace-a.csv").read_text().splitlines()
     gc_rows = [row.split(",") for row in lines[1:] if ",gc," in row]
-    assert sorted(int(r[3]) for r in gc_rows) == [1, 3, 5] and {r[2] for r in gc_rows} == {"2"}
+    assert sorted(int(r[3]) for r in gc_rows) == [3, 7, 11] and {r[2] for r in gc_rows} == {"2"}
     assert all(float(r[6]) >= 0.2 for r in gc_rows)
 
     cfg = JobConfig(dp=1, pp=2, tp=2, iterations=8, micro_batches=2, model=small)
