@@ -24,39 +24,82 @@ from failslow.predict.profile import LayerProfile, Profile
 TITLE = "Throughput prediction (failslow predict)"
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "predict-measured.json"
+CALIBRATION = sorted((ROOT / "docs" / "data").glob("predict-calibration-*.json"))
 PLOT = ROOT / "docs" / "predict-accuracy.png"
 ARCHS = ("ring", "ps-sync", "ps-async")
 MODELS = ("coarse", "fine")
 
 
-def accuracy(doc: dict[str, Any]) -> tuple[dict[tuple[str, str], dict[int, tuple[float, float]]], Profile]:
-    """(arch, model) → K → (measured, predicted) samples/s for every measured run."""
+# (arch, model, link) rows of the table; None = the default of `failslow predict`.
+VARIANTS: tuple[tuple[str, str, str | None], ...] = (
+    ("ring", "coarse", None), ("ring", "fine", None),
+    ("ps-sync", "coarse", None), ("ps-sync", "coarse", "ps"), ("ps-sync", "coarse", "fcfs"),
+    ("ps-sync", "fine", None), ("ps-sync", "fine", "fcfs"),
+    ("ps-async", "coarse", None), ("ps-async", "coarse", "ps"), ("ps-async", "coarse", "fcfs"),
+    ("ps-async", "coarse", "auto"), ("ps-async", "fine", None), ("ps-async", "fine", "ps"),
+)
+# What the defaults are (for the table): chosen on the calibration sweeps, evaluated on the test sweep.
+DEFAULTS = {("ps-sync", "coarse"): "hybrid", ("ps-sync", "fine"): "ps", ("ps-async", "coarse"): "hybrid",
+            ("ps-async", "fine"): "hybrid"}
+SELECTION = (("ps-sync", "coarse", "hybrid"), ("ps-sync", "coarse", "ps"), ("ps-sync", "fine", "hybrid"),
+             ("ps-sync", "fine", "ps"), ("ps-async", "coarse", "hybrid"), ("ps-async", "coarse", "ps"),
+             ("ps-async", "coarse", "fcfs"), ("ps-async", "coarse", "auto"), ("ps-async", "fine", "hybrid"),
+             ("ps-async", "fine", "ps"))
+
+
+def _errors(doc: dict[str, Any], arch: str, model: str, link: str | None) -> list[float]:
+    prof = parse_profile(doc["profile"])
+    meas = {int(r["workers"]): float(r["samples_per_s"]) for r in doc["runs"] if r["arch"] == arch}
+    ks = sorted(meas)
+    pred = predict(prof, ks, arch=arch, model=model, link=link, steps=200, seed=0)
+    return [pred.throughput[k] / meas[k] - 1 for k in ks]
+
+
+def selection_table(test: dict[str, Any], calibration: list[dict[str, Any]]) -> list[str]:
+    """Mean/max |error| of each link-model variant on the calibration sweeps and on the test sweep."""
+    cols = [f"calibration {i + 1}" for i in range(len(calibration))] + ["test"]
+    lines = ["| arch | model | link | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
+    for arch, model, link in SELECTION:
+        cells = []
+        for doc in [*calibration, test]:
+            e = np.abs(_errors(doc, arch, model, link))
+            cells.append(f"{100 * e.mean():.1f}% / {100 * e.max():.1f}%")
+        mark = " (default)" if DEFAULTS.get((arch, model)) == link else ""
+        lines.append(f"| {arch} | {model} | {link}{mark} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def accuracy(doc: dict[str, Any]) -> tuple[dict[tuple[str, str, str | None], dict[int, tuple[float, float]]],
+                                           Profile]:
+    """(arch, model, link) → K → (measured, predicted) samples/s for every measured run."""
     prof = parse_profile(doc["profile"])
     measured: dict[str, dict[int, float]] = {}
     for r in doc["runs"]:
         measured.setdefault(r["arch"], {})[int(r["workers"])] = float(r["samples_per_s"])
-    out: dict[tuple[str, str], dict[int, tuple[float, float]]] = {}
-    for arch, meas in measured.items():
+    out: dict[tuple[str, str, str | None], dict[int, tuple[float, float]]] = {}
+    for arch, model, link in VARIANTS:
+        if arch not in measured:
+            continue
+        meas = measured[arch]
         ks = sorted(meas)
-        for model in MODELS:
-            pred = predict(prof, ks, arch=arch, model=model, steps=200, seed=0)
-            out[(arch, model)] = {k: (meas[k], pred.throughput[k]) for k in ks}
+        pred = predict(prof, ks, arch=arch, model=model, link=link, steps=200, seed=0)
+        out[(arch, model, link)] = {k: (meas[k], pred.throughput[k]) for k in ks}
     return out, prof
 
 
-def _plot(acc: dict[tuple[str, str], dict[int, tuple[float, float]]]) -> None:
+def _plot(acc: dict[tuple[str, str, str | None], dict[int, tuple[float, float]]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    archs = [a for a in ARCHS if (a, "coarse") in acc]
+    archs = [a for a in ARCHS if (a, "coarse", None) in acc]
     fig, axes = plt.subplots(1, len(archs), figsize=(4.2 * len(archs), 3.6), squeeze=False)
     for ax, arch in zip(axes[0], archs, strict=True):
-        ks = sorted(acc[(arch, "coarse")])
-        ax.plot(ks, [acc[(arch, "coarse")][k][0] for k in ks], "ko-", label="measured (testbed)")
-        ax.plot(ks, [acc[(arch, "coarse")][k][1] for k in ks], "s--", label="coarse model")
-        ax.plot(ks, [acc[(arch, "fine")][k][1] for k in ks], "^:", label="fine simulation")
+        ks = sorted(acc[(arch, "coarse", None)])
+        ax.plot(ks, [acc[(arch, "coarse", None)][k][0] for k in ks], "ko-", label="measured (testbed, median)")
+        ax.plot(ks, [acc[(arch, "coarse", None)][k][1] for k in ks], "s--", label="coarse model")
+        ax.plot(ks, [acc[(arch, "fine", None)][k][1] for k in ks], "^:", label="fine simulation")
         ax.set_title(arch)
         ax.set_xlabel("workers K")
         ax.set_ylabel("samples / s")
@@ -109,22 +152,40 @@ def run() -> str:
             "|---|---|" + "---|" * len(ks) + "---|---|",
         ]
         for arch in ARCHS:
-            if (arch, "coarse") not in acc:
+            if (arch, "coarse", None) not in acc:
                 continue
-            meas = acc[(arch, "coarse")]
+            meas = acc[(arch, "coarse", None)]
             lines.append(f"| {arch} | measured | " + " | ".join(f"{meas[k][0]:.0f}" if k in meas else "–"
                                                              for k in ks) + " | | |")
-            for model in MODELS:
-                pts = acc[(arch, model)]
+            for a, model, link in VARIANTS:
+                if a != arch:
+                    continue
+                pts = acc[(arch, model, link)]
                 err = {k: pts[k][1] / pts[k][0] - 1 for k in pts}
                 cells = " | ".join(f"{pts[k][1]:.0f} ({100 * err[k]:+.1f}%)" if k in pts else "–" for k in ks)
                 mean_abs = 100 * float(np.mean(np.abs(list(err.values()))))
                 max_abs = 100 * float(np.max(np.abs(list(err.values()))))
-                lines.append(f"| {arch} | {model} | {cells} | {mean_abs:.1f}% | {max_abs:.1f}% |")
-        all_err = {m: [abs(v[1] / v[0] - 1) for (a, mm), pts in acc.items() if mm == m for v in pts.values()]
-                   for m in MODELS}
-        lines += ["", "Over all architectures and K: " + "; ".join(
-            f"{m} mean {100 * np.mean(e):.1f}%, max {100 * np.max(e):.1f}%" for m, e in all_err.items()) + "."]
+                name = f"**{model}**" if link is None else f"{model}, link {link}"
+                lines.append(f"| {arch} | {name} | {cells} | {mean_abs:.1f}% | {max_abs:.1f}% |")
+        all_err = {m: [abs(v[1] / v[0] - 1) for (_a, mm, lk), pts in acc.items() if mm == m and lk is None
+                       for v in pts.values()] for m in MODELS}
+        lines += ["", "Bold rows are what `failslow predict` does by default; the others are the alternative "
+                  "link models of the same family, for comparison. Defaults over all architectures and K: "
+                  + "; ".join(f"{m} mean {100 * np.mean(e):.1f}%, max {100 * np.max(e):.1f}%"
+                              for m, e in all_err.items()) + "."]
+        spread = [np.std(r["repeats_samples_per_s"]) / np.mean(r["repeats_samples_per_s"])
+                  for r in doc["runs"] if len(r.get("repeats_samples_per_s", [])) > 1]
+        if spread:
+            lines += ["", f"Run-to-run spread of the measurement itself ({doc.get('repeats')} runs per point, "
+                      f"shuffled order, shared machine): coefficient of variation mean {100 * np.mean(spread):.1f}%, "
+                      f"max {100 * np.max(spread):.1f}%."]
+        if CALIBRATION:
+            cal = [json.loads(f.read_text()) for f in CALIBRATION]
+            lines += ["", "### How the default link models were chosen", "",
+                      "The parameter-server models have several link disciplines. Defaults were picked on "
+                      "earlier sweeps (" + ", ".join(f"`{f.relative_to(ROOT)}`" for f in CALIBRATION)
+                      + ") and are evaluated above on a later, separate sweep (test). Cells: mean / max "
+                      "|error| over K = 1…8.", "", *selection_table(doc, cal)]
     else:
         lines += [f"_No measured data at `{DATA.relative_to(ROOT)}`: run `python -m testbed.dparch.measure`._"]
 

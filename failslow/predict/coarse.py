@@ -275,7 +275,8 @@ def coarse_throughput(p: Profile, k: int, arch: Arch, *, link: str | None = None
         k: number of workers.
         arch: ``ring``, ``ps-sync`` or ``ps-async``.
         link: link model — ps-sync: ``ps``/``fcfs``/``hybrid`` (default hybrid); ps-async:
-            ``auto``/``ps``/``fcfs`` (default auto); ignored for ring.
+            ``hybrid``/``auto``/``ps``/``fcfs`` (default hybrid: mean of the PS and FCFS solutions;
+            ``auto`` is the paper's utilisation-threshold rule); ignored for ring.
         overlap: override the profile's overlap flag.
         slowdown: per-worker compute slowdown factors.
     """
@@ -288,9 +289,14 @@ def coarse_throughput(p: Profile, k: int, arch: Arch, *, link: str | None = None
         return k * p.batch_size / ps_sync_step_time(p, k, link=lk, overlap=overlap,  # type: ignore[arg-type]
                                                     slowdown=slowdown)
     if arch == "ps-async":
-        lk = link or "auto"
-        if lk not in ("auto", "ps", "fcfs"):
-            raise InputError(f"ps-async link model must be auto, ps or fcfs, got {lk!r}")
+        lk = link or "hybrid"
+        if lk not in ("auto", "ps", "fcfs", "hybrid"):
+            raise InputError(f"ps-async link model must be hybrid, auto, ps or fcfs, got {lk!r}")
+        if lk == "hybrid":
+            # As for Sync-SGD: the mean of the processor-sharing and the deterministic-FCFS solutions.
+            both = [ps_async(p, k, link=kind, overlap=overlap, slowdown=slowdown).total_steps_per_s
+                    for kind in ("ps", "fcfs")]
+            return 0.5 * (both[0] + both[1]) * p.batch_size
         pred = ps_async(p, k, link=lk, overlap=overlap, slowdown=slowdown)  # type: ignore[arg-type]
         return pred.total_steps_per_s * p.batch_size
     raise InputError(f"unknown architecture {arch!r}; use one of {', '.join(ARCHS)}")

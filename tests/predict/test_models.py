@@ -85,7 +85,7 @@ def test_async_single_worker_is_the_plain_cycle(profile: Profile) -> None:
 def test_async_saturates_at_the_link_bound(profile: Profile) -> None:
     m = M_BYTES / BW
     bound = 32 / m
-    x = [coarse_throughput(profile, k, "ps-async") for k in range(1, 11)]  # exact MVA up to 10
+    x = [coarse_throughput(profile, k, "ps-async", link="auto") for k in range(1, 11)]  # exact MVA up to 10
     assert all(b >= a - 1e-9 for a, b in itertools.pairwise(x))  # more workers never hurt
     assert x[-1] <= bound * (1 + 1e-9)
     assert x[-1] >= 0.95 * bound
@@ -101,6 +101,10 @@ def test_async_threshold_picks_fcfs_only_when_busy(profile: Profile) -> None:
     busy = ps_async(profile, 8)
     assert busy.link_kind == "fcfs" and busy.link_utilisation >= 0.8
     assert ps_async(profile, 8, threshold=1.5).link_kind == "ps"
+    # The default (hybrid) is the mean of the two disciplines.
+    both = [coarse_throughput(profile, 6, "ps-async", link=lk) for lk in ("ps", "fcfs")]
+    assert coarse_throughput(profile, 6, "ps-async") == pytest.approx(sum(both) / 2)
+    assert both[0] < both[1]  # deterministic FCFS queues less than processor sharing
 
 
 def test_async_mva_agrees_with_simulation_away_from_saturation() -> None:
