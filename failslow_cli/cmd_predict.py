@@ -55,6 +55,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                     help="per-layer communication overlapping compute (default: as profiled)")
     ov.add_argument("--no-overlap", dest="overlap", action="store_false", help="whole-model messages")
     p.add_argument("--slowdown", help="compute slowdown factors of the first workers, e.g. 1.5 or 2,1.2")
+    p.add_argument("--flow-cap", help="fine model: most one flow gets on a shared server link (a rate, e.g. 50mbit)")
     p.add_argument("--steps", type=int, default=100, help="simulated steps per worker (fine model, default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the simulation's step sampler")
     p.add_argument("--details", action="store_true", help="add per-K solver details to the JSON")
@@ -67,11 +68,12 @@ def run(args: argparse.Namespace) -> int:
     workers = _workers(args.workers)
     bandwidth = parse_rate(args.bandwidth) if args.bandwidth is not None else None
     slowdown = _floats(args.slowdown, "--slowdown") if args.slowdown else None
+    flow_cap = parse_rate(args.flow_cap) if args.flow_cap is not None else None
     if args.steps < 10:
         raise InputError(f"--steps must be >= 10, got {args.steps}")
     profile = read_profile(args.profile)
     pred = predict(profile, workers, arch=args.arch, model=args.model, bandwidth=bandwidth, link=args.link,
-                   overlap=args.overlap, slowdown=slowdown, steps=args.steps, seed=args.seed)
+                   overlap=args.overlap, slowdown=slowdown, steps=args.steps, seed=args.seed, flow_cap=flow_cap)
     doc = pred.to_json()
     if args.details:
         doc["details"] = {str(k): v for k, v in pred.details.items()}

@@ -46,7 +46,7 @@ def worker_slowdown(k: int, slowdown: Sequence[float] | None) -> list[float] | N
 def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model: str = "coarse", *,
             bandwidth: float | None = None, link: str | None = None, overlap: bool | None = None,
             slowdown: Sequence[float] | None = None, steps: int = 100, warmup: int = 5,
-            seed: int = 0) -> Prediction:
+            seed: int = 0, flow_cap: float | None = None) -> Prediction:
     """Predict throughput (samples/s) of K workers for every K in `workers`.
 
     Args:
@@ -61,6 +61,8 @@ def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model:
         overlap: override the profile's overlap flag.
         slowdown: compute slowdown factors of the first workers (the rest run at profile speed).
         steps, warmup, seed: simulation length, left-out start and sampler seed (fine model).
+        flow_cap: the most one flow gets on a shared server link, bytes/s (fine model; default: the link
+            rate, i.e. the worker's own link is as fast as the server's).
 
     Raises:
         InputError: bad architecture, model, worker count or option.
@@ -110,7 +112,7 @@ def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model:
         events = 0
         for kind in kinds:
             res = simulate(p, int(k), a, steps=steps, warmup=warmup, sharing=kind, overlap=overlap,
-                           slowdown=sd, seed=seed)
+                           slowdown=sd, seed=seed, flow_cap=flow_cap)
             rates.append(res.samples_per_s)
             events += res.events
         out[int(k)] = float(np.mean(rates))

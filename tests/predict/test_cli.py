@@ -31,6 +31,12 @@ def test_bandwidth_option_changes_the_prediction(failslow_cmd: list[str], profil
     slow = json.loads(_run(failslow_cmd, str(profile_file), "--workers", "8", "--bandwidth", "10mbit").stdout)
     fast = json.loads(_run(failslow_cmd, str(profile_file), "--workers", "8", "--bandwidth", "1gbit").stdout)
     assert fast["throughput"]["8"] > 2 * slow["throughput"]["8"]
+    # A per-flow cap below the link rate slows a lone worker's transfers in the simulation.
+    base = json.loads(_run(failslow_cmd, str(profile_file), "--workers", "1", "--arch", "ps-sync", "--model", "fine",
+                           "--steps", "20").stdout)
+    capped = json.loads(_run(failslow_cmd, str(profile_file), "--workers", "1", "--arch", "ps-sync", "--model",
+                             "fine", "--steps", "20", "--flow-cap", "20mbit").stdout)
+    assert capped["throughput"]["1"] < 0.8 * base["throughput"]["1"]
 
 
 @pytest.mark.parametrize(("args", "message"), [
