@@ -31,6 +31,10 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-hook", action="store_true", help="ranks install failslow.torchhook (rings)")
     p.add_argument("--ring-dir", default=None, help="FAILSLOW_SHM_DIR for the ranks' rings (default /dev/shm)")
     p.add_argument("--loopback", action="store_true", help="no namespaces even as root (no link faults)")
+    p.add_argument("--placement", default=None,
+                   help="node of each rank, comma-separated (default: rank // ranks-per-node)")
+    p.add_argument("--resume", default=None, metavar="CKPT_DIR",
+                   help="start from a testbed checkpoint (same layout), continuing its iteration count")
     m = ModelConfig()
     g = p.add_argument_group("model")
     g.add_argument("--layers", type=int, default=m.layers, help=f"transformer blocks in total (default {m.layers})")
@@ -63,7 +67,23 @@ def job_config(args: argparse.Namespace, iterations: int) -> JobConfig:
     return JobConfig(dp=args.dp, pp=args.pp, tp=args.tp, ranks_per_node=args.ranks_per_node, iterations=iterations,
                      micro_batches=args.micro_batches, model=model, seed=args.seed, job=args.job,
                      torch_hook=args.torch_hook, ring_dir=args.ring_dir,
-                     namespaces=False if args.loopback else None)
+                     namespaces=False if args.loopback else None, placement=_placement(args.placement),
+                     resume_dir=_resume(args.resume))
+
+
+def _placement(text: str | None) -> list[int] | None:
+    if text is None:
+        return None
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise InputError(f"--placement wants comma-separated node numbers, got {text!r}") from None
+
+
+def _resume(directory: str | None) -> str | None:
+    if directory is not None and not any(Path(directory).glob("pp*-tp*.pt")):
+        raise InputError(f"--resume {directory}: no testbed checkpoint there (pp<i>-tp<j>.pt files)")
+    return directory
 
 
 def check_writable(path: Path, what: str) -> None:

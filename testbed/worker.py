@@ -21,6 +21,7 @@ ranks switch at the same iteration without an extra collective inside the measur
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -110,6 +111,8 @@ class Rank:
     def setup(self) -> None:
         self._say("imported")
         torch.set_num_threads(1)
+        with contextlib.suppress(RuntimeError):  # only possible before any inter-op work
+            torch.set_num_interop_threads(1)
         torch.manual_seed(self.cfg["seed"])
         if self.cfg.get("torch_hook"):
             from failslow import torchhook  # imported only when asked

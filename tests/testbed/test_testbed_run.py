@@ -249,3 +249,14 @@ def test_checkpoint_restart_new_placement_over_file_protocol(tmp_path: Path) -> 
     mbs = {r: [rec["mb"] for rec in tb.records[r]] for r in (0, 1)}
     at = results["mb_at"]
     assert mbs[0][:at] == [2] * at and set(mbs[0][at:]) == {3} and set(mbs[1][at:]) == {1}
+    # a new job resumes from the restart's checkpoint (what `failslow testbed run --resume DIR` does)
+    ckpt = rep["segments"][1]["checkpoint"]
+    cfg2 = JobConfig(dp=2, pp=1, iterations=12, micro_batches=2, model=ModelConfig(d_model=64, layers=2),
+                     resume_dir=ckpt, namespaces=False)
+    with Testbed(cfg2, run_dir=tmp_path / "resumed") as tb2:
+        tb2.start()
+        rep2 = tb2.wait()
+    resumed = results["resumed"]
+    assert rep2["iterations"]["0"] == list(range(resumed, 12))
+    # it continues the trained model: its first loss is near the original job's loss there, far below the start
+    assert abs(rep2["losses"][0] - rep["losses"][resumed]) < 0.5 < rep["losses"][0] - rep2["losses"][0]
