@@ -56,6 +56,7 @@ CORR_DROP: Final = 0.3
 BLOCK_Z: Final = 4.5
 BLOCK_MIN: Final = 0.05
 BLOCK_MIN_REPEATS: Final = 8
+BLOCK_MAD_FLOOR: Final = 0.1
 #: Repeats a period needs when only the gaps (no distinguishing symbols) can reveal it.
 GAP_MIN_REPEATS: Final = 8
 #: Lags shortlisted from the gap autocorrelation for the fold test.
@@ -151,6 +152,9 @@ def gap_signal(t_start: FloatArray) -> FloatArray | None:
         scale = float(pos.min())
     x = np.log1p(gaps / scale)
     x = np.concatenate(([float(np.median(x))], x))  # the first call has no gap before it
+    # Winsorise: one start-up or checkpoint stall (seconds among milliseconds) must not own the variance.
+    lo, hi = np.percentile(x, [0.5, 99.5])
+    x = np.clip(x, lo, hi)
     sd = float(x.std())
     if sd < 1e-9:
         return None
@@ -197,7 +201,9 @@ def _blocks_differ(z: FloatArray, d: int, k: int) -> bool | None:
     x = z[: m * k].reshape(m, k // d, d)
     med = np.median(x, axis=0)  # (blocks, d)
     mad = np.median(np.abs(x - med[None]), axis=0) * 1.4826
-    se = 1.2533 * np.maximum(mad, 1e-6) / np.sqrt(m)  # standard error of a median
+    # Standard error of a median; the MAD is floored because positions whose gaps are all alike (calls
+    # issued back to back) have a MAD of zero, and any difference there would look infinitely significant.
+    se = 1.2533 * np.maximum(mad, BLOCK_MAD_FLOOR) / np.sqrt(m)
     hi, lo = med.argmax(axis=0), med.argmin(axis=0)
     cols = np.arange(d)
     gap = med[hi, cols] - med[lo, cols]

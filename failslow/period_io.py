@@ -26,7 +26,8 @@ class Calls:
 
     Attributes:
         t_start: Call start (or enqueue) times, seconds.
-        op, comm, nbytes: Integer-coded features (codes are only compared for equality).
+        op, comm, nbytes, peer: Integer-coded features (codes are only compared for equality); ``peer``
+            tells Send/Recv to the previous stage from those to the next (all zero for CSV input).
         duration: Call durations in seconds (NaN when unknown).
         source: Which process the calls came from, for messages (e.g. ``pid 123 rank 0``).
     """
@@ -37,6 +38,7 @@ class Calls:
     nbytes: npt.NDArray[np.int64]
     duration: npt.NDArray[np.float64]
     source: str = ""
+    peer: npt.NDArray[np.int64] | None = None
 
 
 def _codes(values: list[str]) -> npt.NDArray[np.int64]:
@@ -55,13 +57,14 @@ def _float(v: str, what: str, line: int) -> float:
 
 
 def _finish(t: list[float], op: list[str], comm: list[str], nb: list[str], dur: list[float],
-            source: str) -> Calls:
+            source: str, peer: list[str] | None = None) -> Calls:
     if not t:
         raise InputError("no calls in the input")
     ta = np.asarray(t, dtype=np.float64)
     order = np.argsort(ta, kind="stable")  # threads of one process may interleave slightly
+    pa = _codes(peer)[order] if peer is not None else np.zeros(len(ta), dtype=np.int64)
     return Calls(t_start=ta[order], op=_codes(op)[order], comm=_codes(comm)[order], nbytes=_codes(nb)[order],
-                 duration=np.asarray(dur, dtype=np.float64)[order], source=source)
+                 duration=np.asarray(dur, dtype=np.float64)[order], source=source, peer=pa)
 
 
 def parse_csv(text: str) -> Calls:
@@ -159,16 +162,18 @@ def parse_jsonl(text: str, *, pid: int | None = None, rank: int | None = None) -
     comm: list[str] = []
     nb: list[str] = []
     dur: list[float] = []
+    peers: list[str] = []
     for r in recs:
         line = int(r["_line"])  # type: ignore[call-overload]
         t.append(_float(str(r["t_enqueue_ns"]), "t_enqueue_ns", line) * 1e-9)
         op.append(str(r["op"]))
         comm.append(str(r.get("comm", "")))
         nb.append(str(r.get("bytes", "")))
+        peers.append(str(r.get("peer", "")))
         ts, te = r.get("t_start_ns", 0), r.get("t_end_ns", 0)
         ok = isinstance(ts, int) and isinstance(te, int) and ts > 0 and te >= ts
         dur.append((te - ts) * 1e-9 if ok else float("nan"))  # type: ignore[operator]
-    return _finish(t, op, comm, nb, dur, f"pid {procs[0][0]} rank {procs[0][1]}")
+    return _finish(t, op, comm, nb, dur, f"pid {procs[0][0]} rank {procs[0][1]}", peers)
 
 
 def parse_calls(text: str, *, pid: int | None = None, rank: int | None = None) -> Calls:

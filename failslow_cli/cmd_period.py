@@ -19,13 +19,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pid", type=int, default=None, help="shim-dump input: the process to analyse")
     p.add_argument("--rank", type=int, default=None, help="shim-dump input: the rank to analyse")
     p.add_argument("--timing-only", action="store_true",
-                   help="ignore op/communicator/bytes and use call timing alone")
+                   help="ignore op/communicator/bytes/peer and use call timing alone")
 
 
 def run(args: argparse.Namespace) -> int:
     """Print ``{"period", "iteration_time_s", "iterations_s", ...}`` as JSON; exit 2 on bad input."""
     calls = read_calls(args.file, pid=args.pid, rank=args.rank)
-    feats = () if args.timing_only else (calls.op, calls.comm, calls.nbytes)
+    peer = calls.peer if calls.peer is not None else calls.op * 0
+    feats = () if args.timing_only else (calls.op, calls.comm, calls.nbytes, peer)
     res = infer_iterations(calls.t_start, *feats)
     if res.period is None or res.median_s is None:
         raise InputError(f"no periodic call pattern found in {len(calls.t_start)} calls of {calls.source} "

@@ -161,7 +161,10 @@ class RankTrack:
         # another clock domain mapping and may arrive late).
         host_end = has_dur & ((calls["flags"] & int(Flag.GPU_TIMES)) == 0)
         t_end = np.where(host_end, (te - self._base_ns) * 1e-9, np.nan)
-        v = self.tracker.update(t, cop, comm.view(np.int64), calls["bytes"].astype(np.int64), seq=cseq,
+        # The peer is part of a call's identity: Send/Recv over one communicator alternate between the
+        # previous and the next pipeline stage, and only the peer tells a micro-batch from an iteration.
+        peer = calls["peer"].astype(np.int64)
+        v = self.tracker.update(t, cop, comm.view(np.int64), calls["bytes"].astype(np.int64), peer, seq=cseq,
                                 t_end=t_end)
         self.period = v.period
         self.iterations_total = v.iterations_total

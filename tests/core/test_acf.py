@@ -166,3 +166,17 @@ def test_small_optimizer_gap_under_heavy_jitter_is_not_a_micro_batch(seed: int) 
     res = infer_iterations(tr.t_start, tr.op, tr.comm, tr.nbytes)
     assert res.period == 8
     assert abs(np.mean(res.iteration_s[-20:]) / np.mean(tr.iteration_s[-21:-1]) - 1) < 0.05
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 3])
+def test_batched_calls_with_zero_gaps_do_not_inflate_the_period(seed: int) -> None:
+    # batch_isend_irecv records several calls at one instant: those positions have exactly zero gap
+    # in every iteration, which must not make identical iterations look different.
+    tr = ps.generate([ps.pp_1f1b(0, 4, 4)], [60], seed=seed, jitter=0.2)
+    t = np.repeat(tr.t_start, 2)
+    op = np.repeat(tr.op, 2)
+    op[1::2] = 99  # the twin of every call
+    for feats in ((op, np.repeat(tr.comm, 2), np.repeat(tr.nbytes, 2)), ()):
+        res = infer_iterations(t, *feats)
+        assert res.period == 2 * tr.period[0]
+    assert abs(np.median(res.iteration_s) / np.median(tr.iteration_s) - 1) < 0.05

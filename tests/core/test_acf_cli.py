@@ -73,13 +73,17 @@ def test_period_shim_dump_jsonl(tmp_path: Path, failslow_cmd: list[str]) -> None
     ("{not json\n", "not JSON"),
     ("t_start_s,op\n" + "".join(f"{i * 0.37 % 1:.3f},Send\n" for i in range(3)), "no periodic"),
 ])
-def test_period_bad_input_exits_2(tmp_path: Path, failslow_cmd: list[str], content: str, message: str) -> None:
+def test_period_bad_input_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str,
+                                  message: str) -> None:
+    # In-process through the real dispatcher (the subprocess path is covered below).
+    from failslow_cli.main import main
+
     f = tmp_path / "bad.txt"
     f.write_text(content)
-    p = _run(failslow_cmd, str(f))
-    assert p.returncode == 2
-    assert p.stderr.startswith("failslow period: ") and message in p.stderr
-    assert p.stdout == ""
+    assert main(["period", str(f)]) == 2
+    out, err = capsys.readouterr()
+    assert err.startswith("failslow period: ") and message in err
+    assert out == ""
 
 
 def test_period_missing_file_exits_2(tmp_path: Path, failslow_cmd: list[str]) -> None:
