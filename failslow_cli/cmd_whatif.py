@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--launch-delays", choices=("drop", "ideal"), default="drop",
                    help="untraced CPU gaps before ops: drop them from every timeline (the study's method, "
                         "default) or keep them as work, idealised to the per-op-type median (CPU testbeds)")
+    p.add_argument("--continuous", action="store_true",
+                   help="steps are consecutive iterations run back to back (a testbed run): simulate them in "
+                        "sequence; T is the iteration period (implies --launch-delays ideal)")
     p.add_argument("--skip-steps", type=int, default=0, metavar="N",
                    help="leave out the trace's first N steps (warm-up iterations)")
     p.add_argument("--max-sim-error", type=float, default=0.05,
@@ -46,7 +49,7 @@ def run(args: argparse.Namespace) -> int:
     trace = select_steps(read_trace(args.trace, meta), args.skip_steps)
     job = args.job or trace.meta.trial_name or Path(args.trace).name.split(".")[0]
     result = analyze(trace, job=job, max_sim_error=args.max_sim_error, ideal=args.ideal,
-                     equalise=args.equalise, launch_delays=args.launch_delays)
+                     equalise=args.equalise, launch_delays=args.launch_delays, continuous=args.continuous)
     text = json.dumps(result.to_json(), indent=2)
     if args.out:
         from failslow.whatif.output import write_text

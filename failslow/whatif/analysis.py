@@ -21,16 +21,16 @@ Analysis"):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
 from failslow.errors import InputError
-from failslow.whatif.model import Model, build_model
+from failslow.whatif.model import Model, build_model, idealise
 from failslow.whatif.rootcause import RootCause, diagnose
-from failslow.whatif.simulate import FullLanes, OneRankLanes, simulate
+from failslow.whatif.simulate import FullLanes, OneRankLanes, simulate, simulate_continuous
 from failslow.whatif.trace import OPTYPES, Kind, Trace
 
 FloatArray = npt.NDArray[np.float64]
@@ -106,6 +106,45 @@ class WhatIfResult:
         }
 
 
+def continuous_delays(m: Model, equalise: str = "all") -> tuple[Model, FloatArray]:
+    """The model with cross-step launch delays, and the trace's iteration periods (steps,).
+
+    Timestamps are relative to each step's start, so the offset between consecutive steps is
+    estimated: no worker starts step k+1 before it ended step k, and the tightest worker turns
+    around at once. The delay of a call that waits for nothing inside its step is then its start
+    minus its worker's end of the previous step; these get their own ideal (the per op type median
+    over such calls) so an ideal step keeps a typical step-start gap.
+    """
+    pp, dp, steps = int(m.trace.meta.pp_size), m.dp, m.n_steps
+    first = np.full((pp, dp, steps), np.inf)
+    last = np.full((pp, dp, steps), -np.inf)
+    for p in range(pp):
+        on = (m.stage == p) & m.simulated
+        if on.any():
+            first[p] = m.start[on].min(axis=0)
+            last[p] = m.end[on].max(axis=0)
+    gap = np.zeros(steps)  # offset of step k from step k-1
+    if steps > 1:
+        gap[1:] = np.max(last[:, :, :-1] - first[:, :, 1:], axis=(0, 1))
+    offset = np.cumsum(gap)
+    free = [c for c in m.calls if not c.deps]
+    delay = m.delay.copy()
+    for c in free:
+        mem = list(c.members)
+        p = int(m.stage[mem[0]])
+        prev_end = np.concatenate([np.zeros((dp, 1)), last[p][:, :-1] + offset[None, :-1]], axis=1)
+        start_abs = m.start[mem].min(axis=0) + offset[None, :]
+        delay[mem] = np.maximum(start_abs - prev_end, 0.0)
+    free_nodes = np.zeros(m.n_nodes, bool)
+    for c in free:
+        free_nodes[list(c.members)] = True
+    key = m.optype * 2 + free_nodes if equalise == "all" else (m.optype * 2 + free_nodes) * (pp + 1) + m.stage
+    ideal_delay = idealise(delay, key, m.optype, m.simulated, "median")
+    ends = np.max(last, axis=(0, 1)) + offset  # the job's time at the end of each step
+    period: FloatArray = np.diff(ends, prepend=0.0)
+    return replace(m, delay=delay, ideal_delay=ideal_delay), period
+
+
 def worker_scopes(m: Model) -> npt.NDArray[np.bool_]:
     """(pp, nodes): the template nodes that belong to the worker of each stage in S_w and M_W.
 
@@ -132,7 +171,7 @@ def _share(t: float, t_part: float, t_ideal: float) -> float | None:
 
 def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_SIM_ERROR,
             top_share: float = TOP_WORKER_SHARE, ideal: str = "mean", equalise: str = "all",
-            launch_delays: str = "drop",
+            launch_delays: str = "drop", continuous: bool = False,
             model: Model | None = None) -> WhatIfResult:
     """Run the whole what-if analysis of a trace.
 
@@ -151,16 +190,32 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
             measures them) or "ideal" (they stay in the timelines as work of their op: original in
             the original timeline, the per op type median in the ideal one; for traces whose CPU
             work is on the critical path but not recorded, like CPU testbeds).
+        continuous: the trace's steps are consecutive iterations that run back to back (a
+            testbed run): simulate them in sequence, so lateness carries over into the next step as
+            in measured iteration times, and T is the mean iteration period. Implies
+            launch_delays="ideal"; the delay before a worker's first op of a step is measured from
+            its end of the previous step (step offsets estimated from the trace, see
+            `continuous_delays`).
         model: a dependency model already built for `trace`.
     """
     if launch_delays not in ("drop", "ideal"):
         raise InputError(f"launch_delays must be 'drop' or 'ideal', not {launch_delays!r}")
     m = model if model is not None else build_model(trace, ideal, equalise)
+    if continuous:
+        launch_delays = "ideal"
+        m, trace_period = continuous_delays(m, equalise)
     use_delays = launch_delays == "ideal"
+    call_stage = np.array([int(m.stage[c.members[0]]) for c in m.calls], dtype=np.int64)
+
+    def sim(src: FullLanes | OneRankLanes, dsrc: FullLanes | OneRankLanes, n_scen: int) -> FloatArray:
+        if continuous:
+            ends = simulate_continuous(m, src, n_scen, dsrc, call_stage)
+            out: FloatArray = np.diff(ends, axis=1, prepend=0.0)  # per-step share of the job time
+            return out
+        return simulate(m, src, n_scen, dsrc if use_delays else None)
 
     def full(keep: npt.NDArray[np.bool_]) -> FloatArray:
-        dl = FullLanes(m, keep, delays=True) if use_delays else None
-        return simulate(m, FullLanes(m, keep), keep.shape[0], dl)
+        return sim(FullLanes(m, keep), FullLanes(m, keep, delays=True), keep.shape[0])
     meta = trace.meta
     dp, pp, n = meta.dp_size, meta.pp_size, m.n_nodes
 
@@ -189,8 +244,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     scope = worker_scopes(m)  # (pp, nodes)
     ranks = np.concatenate([np.arange(dp), np.repeat(np.arange(dp), pp)])
     nodes = np.concatenate([np.ones((dp, n), bool), np.tile(scope, (dp, 1))])
-    t2 = simulate(m, OneRankLanes(m, ranks, nodes), ranks.shape[0],
-                  OneRankLanes(m, ranks, nodes, delays=True) if use_delays else None)
+    t2 = sim(OneRankLanes(m, ranks, nodes), OneRankLanes(m, ranks, nodes, delays=True), ranks.shape[0])
     S_dp = {d: float(t2[d].mean() / T_ideal) for d in range(dp)}
     S_w = (t2[dp:].mean(axis=1) / T_ideal).reshape(dp, pp)
 
@@ -208,7 +262,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     t3 = full((~sel)[None])
     M_W = _share(T, float(t3[0].mean()), T_ideal)
 
-    step_trace = trace.step_times()
+    step_trace = trace.step_times() if not continuous else trace_period
     T_trace = float(step_trace.mean())
     err = abs(T - T_trace) / T_trace if T_trace > 0 else math.inf
     err_step = float(np.max(np.abs(step_t - step_trace) / np.maximum(step_trace, 1e-12)))

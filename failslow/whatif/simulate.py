@@ -200,3 +200,50 @@ def simulate_timeline(model: Model, keep: BoolArray | None = None,
         ce[c] = latest + w
         end[list(call.members)] = ce[c]
     return start, end
+
+
+def simulate_continuous(model: Model, source: WorkSource, n_scenarios: int, delays: WorkSource,
+                        stage_of_call: IntArray) -> FloatArray:
+    """Job time at the end of every step (scenarios, steps) when the steps run back to back.
+
+    For traces of consecutive iterations (a testbed run): a worker starts step k+1 after it
+    finished step k plus its launch delay, so a straggler's lateness carries over into the next
+    step the way it does in the measured iteration times. `delays` must hold the cross-step delays
+    for the calls that wait for nothing inside a step (see `analysis.continuous_delays`). Python
+    cost is per template node and step.
+    """
+    calls = model.calls
+    n, pp, steps = len(calls), int(stage_of_call.max()) + 1, model.n_steps
+    work = [np.broadcast_to(source(v), (n_scenarios, source.n_lanes, steps)) for v in range(model.n_nodes)]
+    dly = [np.broadcast_to(delays(v), (n_scenarios, source.n_lanes, steps)) for v in range(model.n_nodes)]
+    worker_end = np.zeros((pp, n_scenarios, source.n_lanes))
+    out = np.zeros((n_scenarios, steps))
+    for k in range(steps):
+        starts: list[Any] = [None] * n
+        ends: list[Any] = [None] * n
+        new_end = worker_end.copy()
+        for e in model.events:
+            c, is_end = e >> 1, e & 1
+            call = calls[c]
+            v0 = call.members[0]
+            if not is_end:
+                s = worker_end[stage_of_call[c]]
+                for d in call.deps:
+                    s = np.maximum(s, ends[d])
+                starts[c] = s + dly[v0][..., k]
+                continue
+            w = work[v0][..., k]
+            for v in call.members[1:]:
+                w = np.maximum(w, work[v][..., k])
+            latest = starts[c]
+            if call.is_comm:
+                for p in call.peers:
+                    latest = np.maximum(latest, starts[p])
+                if call.dp_sync and source.n_lanes > 1:
+                    latest = latest.max(axis=1, keepdims=True)
+            ends[c] = latest + w
+            st = stage_of_call[c]
+            new_end[st] = np.maximum(new_end[st], ends[c])
+        worker_end = new_end
+        out[:, k] = worker_end.max(axis=(0, 2))
+    return out
