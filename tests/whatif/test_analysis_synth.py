@@ -26,7 +26,11 @@ SCENARIOS = {
 
 @pytest.fixture(scope="module")
 def results() -> dict:
-    return {k: (cfg, generate(cfg), analyze(generate(cfg).trace())) for k, cfg in SCENARIOS.items()}
+    out = {}
+    for k, cfg in SCENARIOS.items():
+        st = generate(cfg)
+        out[k] = (cfg, st, analyze(st.trace()))
+    return out
 
 
 @pytest.mark.parametrize("name", list(SCENARIOS))
