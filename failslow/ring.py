@@ -219,10 +219,10 @@ _HDR: Final[dict[str, tuple[struct.Struct, int]]] = {
 _PAYLOAD: Final[struct.Struct] = struct.Struct("<QQQqqqqiiiHBBIIQQiIQQ")
 if _PAYLOAD.size != RECORD_SIZE - 8:  # pragma: no cover - a programming error in this module
     raise RuntimeError("record payload format does not match RECORD_SIZE")
-_OFF_T_START: Final[int] = 40
 _OFF_FLAGS: Final[int] = 80
+_HEADER_Q: Final[int] = HEADER_SIZE // 8  # header size in 8-byte words
+_RECORD_Q: Final[int] = RECORD_SIZE // 8
 _OFF_PEER: Final[int] = 72
-_OFF_T_RETURN: Final[int] = 56
 
 if sys.byteorder != "little":  # pragma: no cover - the ring is little-endian by contract
     raise ImportError("failslow.ring supports little-endian hosts only")
@@ -556,19 +556,19 @@ class RingWriter:
         return cls(final, mm, cap)
 
     def _claim(self) -> tuple[int, int] | None:
+        q = self._q
         with self._lock:
             self._windex += 1
             s = self._windex
-            self._q[self._windex_q] = s
-            slot = (s - 1) & self._mask
-            qi = (HEADER_SIZE + slot * RECORD_SIZE) // 8
-            old = int(self._q[qi])
+            q[self._windex_q] = s
+            qi = _HEADER_Q + ((s - 1) & self._mask) * _RECORD_Q
+            old = q[qi]
             if old & STAMP_BUSY or old >= s:
-                self._q[self._dropped_q] += 1
+                q[self._dropped_q] += 1
                 return None
-            self._q[qi] = s | STAMP_BUSY
+            q[qi] = s | STAMP_BUSY
             if old:  # same rule as the C writer: records lost to wrapping = write_index - capacity
-                self._q[self._over_q] = s - self.capacity
+                q[self._over_q] = s - self.capacity
         return s, qi
 
     def begin(
@@ -607,7 +607,7 @@ class RingWriter:
         _PAYLOAD.pack_into(
             self._mm, qi * 8 + 8,
             comm & 0xFFFFFFFFFFFFFFFF, count, nbytes, t_enqueue_ns, t_start_ns, t_end_ns, t_return_ns,
-            nranks, comm_rank, peer, int(op), dtype & 0xFF, min(group_depth, 255), int(flags),
+            nranks, comm_rank, peer, op, dtype & 0xFF, min(group_depth, 255), flags,
             (threading.get_native_id() if tid is None else tid) & 0xFFFFFFFF, stream, aux, device, 0, 0, 0,
         )
         return s
@@ -629,21 +629,22 @@ class RingWriter:
         if seq <= 0 or self._closed:
             return
         base = HEADER_SIZE + ((seq - 1) & self._mask) * RECORD_SIZE
-        qi = base // 8
-        if int(self._q[qi]) != seq | STAMP_BUSY:  # pragma: no cover - cannot happen: BUSY slots are not taken
+        qi = base >> 3
+        if self._q[qi] != seq | STAMP_BUSY:  # pragma: no cover - cannot happen: BUSY slots are not taken
             return
+        q = self._q
         if t_start_ns is not None:
-            self._q[(base + _OFF_T_START) // 8] = t_start_ns & 0xFFFFFFFFFFFFFFFF
+            q[qi + 5] = t_start_ns & 0xFFFFFFFFFFFFFFFF  # offset 40
         if t_end_ns is not None:
-            self._q[(base + _OFF_T_START + 8) // 8] = t_end_ns & 0xFFFFFFFFFFFFFFFF
+            q[qi + 6] = t_end_ns & 0xFFFFFFFFFFFFFFFF  # offset 48
         if t_return_ns is not None:
-            self._q[(base + _OFF_T_RETURN) // 8] = t_return_ns & 0xFFFFFFFFFFFFFFFF
+            q[qi + 7] = t_return_ns & 0xFFFFFFFFFFFFFFFF  # offset 56
         if peer is not None:
             self._u32[(base + _OFF_PEER) // 4] = peer & 0xFFFFFFFF
         if add_flags:
             fi = (base + _OFF_FLAGS) // 4
             self._u32[fi] = self._u32[fi] | int(add_flags)
-        self._q[qi] = seq
+        q[qi] = seq
 
     def append(
         self,
@@ -674,6 +675,11 @@ class RingWriter:
     def control(self) -> int:
         """The current control word (``Control`` bits set by a controller)."""
         return 0 if self._closed else int(self._u32[self._control_i])
+
+    @property
+    def control_word(self) -> tuple[memoryview, int]:
+        """(32-bit view, index) of the control word, for hot paths that poll it without a method call."""
+        return self._u32, self._control_i
 
     def set_features(self, features: int) -> None:
         """Advertise producer capabilities (``Feature`` bits) in the header."""
@@ -721,10 +727,13 @@ class RingReader:
     `read_new` returns the records committed since the previous call and counts the ones lost to
     overwrite (``lost``). It never returns a torn record. A record that is claimed but not committed
     (in flight, or waiting for a late field) holds back the records after it until it commits, its
-    producer dies, or it has been pending for ``pending_timeout_s`` (then it is counted as lost).
+    producer dies, or it has been pending for ``pending_timeout_s`` (then it is counted as lost). Pending
+    records are async work in flight (the torch hook commits them at completion) and records waiting for
+    GPU event times (the shim gives up on those after 2 s); the 30 s default lets a slow async operation
+    — the very thing a straggler causes — complete rather than be dropped.
     """
 
-    def __init__(self, path: str | os.PathLike[str], pending_timeout_s: float = 5.0) -> None:
+    def __init__(self, path: str | os.PathLike[str], pending_timeout_s: float = 30.0) -> None:
         """Open the ring at ``path``, starting at the oldest record still in it.
 
         Records overwritten before the reader attached are not counted as lost. The ring is mapped

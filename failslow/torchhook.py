@@ -209,12 +209,11 @@ def _numel_bytes(x: Any) -> tuple[int, int, int]:
             n, b = n + n1, b + b1
             dt = dt1 if dt == ring.DTYPE_UNKNOWN else dt
         return n, b, dt
-    n = int(x.numel())
     dt = x.dtype
     code = _DTYPE_CACHE.get(dt)
     if code is None:
         code = _DTYPE_CACHE[dt] = _DTYPES.get(str(dt), ring.DTYPE_UNKNOWN)
-    return n, n * int(x.element_size()), code
+    return x.numel(), x.nbytes, code
 
 
 class _ArgReader:
@@ -235,6 +234,10 @@ class _ArgReader:
         if i is not None and i < len(args):
             return args[i]
         return self.default.get(name)
+
+    def pos(self, name: str) -> tuple[int, Any]:
+        """(positional index, default) of a parameter; an absent one is never positional, default None."""
+        return self.index.get(name, 1 << 30), self.default.get(name)
 
 
 def _suspend_wait(w: RingWriter) -> int:
@@ -267,38 +270,54 @@ def _make_wrapper(h: _Hook, name: str, orig: Callable[..., Any]) -> Callable[...
     is_recv = op == Op.RECV
     op_i = int(op)
 
+    gi, gd = reader.pos("group")
+    ai, ad = reader.pos("async_op")
+    ti, td = reader.pos(tensor_arg) if tensor_arg else (1 << 30, None)
+    pgi, pgd = reader.pos(peer_args[1]) if peer_args else (1 << 30, None)
+    pni, pnd = reader.pos(peer_args[0]) if peer_args else (1 << 30, None)
+    g_name, t_name = "group", tensor_arg
+    pg_name, pn_name = (peer_args[1], peer_args[0]) if peer_args else ("", "")
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         if getattr(tls, "depth", 0):
             return orig(*args, **kwargs)  # nested inside a recorded call: recorded once, outside
         t0 = mono()
+        n = len(args)
         try:
             w = h.writer if h.writer_ok else h.get_writer()
-            info = h.comm_info(reader.get(args, kwargs, "group")) if w is not None else None
+            group = args[gi] if gi < n else (kwargs.get(g_name, gd) if kwargs else gd)
+            info = h.comm_info(group) if w is not None else None
         except Exception:
             w, info = None, None
         if w is None or info is None:
             return orig(*args, **kwargs)
         flags = _HOST
-        if w.control() & _SUSPEND:
+        ctl, ci = w.control_word
+        if ctl[ci] & _SUSPEND:
             flags |= _suspend_wait(w)
             t0 = mono()
-        is_async = always_async or bool(reader.get(args, kwargs, "async_op"))
+        is_async = always_async or bool(args[ai] if ai < n else (kwargs.get("async_op", ad) if kwargs else ad))
         if is_async:
             flags |= _ASYNC
         peer = -1
         try:
-            count, nbytes, dtype = _numel_bytes(reader.get(args, kwargs, tensor_arg)) if tensor_arg else (0, 0, 255)
+            if tensor_arg:
+                count, nbytes, dtype = _numel_bytes(args[ti] if ti < n else (kwargs.get(t_name, td) if kwargs else td))
+            else:
+                count, nbytes, dtype = 0, 0, 255
             if peer_args is not None:
-                g = reader.get(args, kwargs, peer_args[1])
+                g = args[pgi] if pgi < n else (kwargs.get(pg_name, pgd) if kwargs else pgd)
                 if g is None:
-                    glob = reader.get(args, kwargs, peer_args[0])
+                    glob = args[pni] if pni < n else (kwargs.get(pn_name, pnd) if kwargs else pnd)
                     g = info.global_to_group.get(int(glob), -1) if glob is not None else -1
                 peer = int(g)
             tid = getattr(tls, "tid", 0)
             if not tid:
                 tid = tls.tid = threading.get_native_id()
-            seq = w.begin(op_i, info.comm, info.nranks, info.comm_rank, peer, count, nbytes, dtype, t0, t0,
-                          flags=flags, tid=tid)
+            # async work is claimed now (keeps issue order) and committed at completion; a synchronous call
+            # is written whole when it returns, so a call blocked behind a straggler is never a pending slot
+            seq = (w.begin(op_i, info.comm, info.nranks, info.comm_rank, peer, count, nbytes, dtype, t0, t0,
+                           flags=flags, tid=tid) if is_async else -1)
         except Exception:
             seq = 0
         tls.depth = 1
@@ -306,22 +325,31 @@ def _make_wrapper(h: _Hook, name: str, orig: Callable[..., Any]) -> Callable[...
             result = orig(*args, **kwargs)
         except BaseException:
             t1 = mono()
-            if seq:
-                w.finish(seq, t_end_ns=t1, t_return_ns=t1, add_flags=_ERROR)
+            try:
+                if seq > 0:
+                    w.finish(seq, t_end_ns=t1, t_return_ns=t1, add_flags=_ERROR)
+                elif seq < 0:
+                    w.append(op_i, info.comm, info.nranks, info.comm_rank, peer, count, nbytes, dtype, t0, t0, t1,
+                             flags | _ERROR, t_return_ns=t1, tid=tid)
+            except Exception:
+                pass
             raise
         finally:
             tls.depth = 0
         t1 = mono()
         if not seq:
             return result
-        if not is_async:
-            got_peer = None
-            if is_recv and peer == -1 and isinstance(result, int) and result >= 0:
-                got_peer = info.global_to_group.get(result, -1)
-            w.finish(seq, t_end_ns=t1, t_return_ns=t1, peer=got_peer)
-            return result
-        if result is None:  # not part of the group after all
-            w.finish(seq, t_return_ns=t1, add_flags=_ERROR)
+        try:
+            if seq < 0:
+                if is_recv and peer == -1 and isinstance(result, int) and result >= 0:
+                    peer = info.global_to_group.get(result, -1)
+                w.append(op_i, info.comm, info.nranks, info.comm_rank, peer, count, nbytes, dtype, t0, t0, t1, flags,
+                         t_return_ns=t1, tid=tid)
+                return result
+            if result is None:  # not part of the group after all
+                w.finish(seq, t_return_ns=t1, add_flags=_ERROR)
+                return result
+        except Exception:
             return result
         return _track_completion(w, seq, t1, result)
 

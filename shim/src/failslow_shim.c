@@ -310,7 +310,7 @@ static void load_cuda(void) {
  * CLOCK_MONOTONIC through an anchor event, and commits the record.
  */
 #define PEND_SLOTS 512u
-#define PEND_GIVE_UP_NS 2000000000LL /* below the readers' 5 s pending timeout */
+#define PEND_GIVE_UP_NS 2000000000LL /* below the readers' 30 s pending timeout */
 enum { PEND_FREE = 0, PEND_CLAIMED = 1, PEND_READY = 2 };
 
 struct pending {
