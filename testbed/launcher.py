@@ -36,7 +36,7 @@ from testbed.cgroup import CpuCgroup, cpu_controller_available
 from testbed.config import ModelConfig
 from testbed.faults import Fault, parse_spec
 from testbed.netns import NetCluster, have_root
-from testbed.state import ENV_PREFIX, StateFile, cleanup, kill_process, new_prefix, pid_alive
+from testbed.state import ENV_PREFIX, RUN_DIR_PREFIX, StateFile, cleanup, kill_process, new_prefix, pid_alive
 from testbed.trace import write_trace
 
 CONTROL_LEAD_ITERS = 3  # control changes apply this many iterations after the fastest rank's last one
@@ -225,7 +225,7 @@ class Testbed:
             fault.bind(self)
             self.faults.append(fault)
         self._own_dir = run_dir is None
-        self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix="failslow-testbed-"))
+        self.run_dir = Path(run_dir) if run_dir else Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))
         self.prefix = new_prefix()
         self.state = StateFile.for_owner()
         self.procs: dict[int, RankProcess] = {}

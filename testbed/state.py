@@ -16,8 +16,10 @@ import itertools
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +27,7 @@ from typing import Any
 
 PREFIX = "fsltb"
 ENV_PREFIX = "FAILSLOW_TESTBED_PREFIX"
+RUN_DIR_PREFIX = "failslow-testbed-"  # temporary run directories (tempfile.mkdtemp prefix)
 CGROUP_CPU_ROOT = Path("/sys/fs/cgroup/cpu")
 _counter = itertools.count()
 
@@ -187,7 +190,8 @@ def cleanup(*, everything: bool = False) -> dict[str, list[str]]:
     Returns:
         What was removed, by kind.
     """
-    removed: dict[str, list[str]] = {"processes": [], "namespaces": [], "cgroups": [], "state_files": []}
+    removed: dict[str, list[str]] = {"processes": [], "namespaces": [], "cgroups": [], "state_files": [],
+                                     "run_dirs": []}
 
     def stale(owner: int | None) -> bool:
         return everything or (owner is not None and not pid_alive(owner))
@@ -218,7 +222,23 @@ def cleanup(*, everything: bool = False) -> dict[str, list[str]]:
                 with contextlib.suppress(OSError):
                     sf.unlink()
                 removed["state_files"].append(sf.name)
+    for d in Path(tempfile.gettempdir()).glob(RUN_DIR_PREFIX + "*"):
+        if d.is_dir() and _stale_run_dir(d, everything):
+            shutil.rmtree(d, ignore_errors=True)
+            removed["run_dirs"].append(str(d))
     return removed
+
+
+def _stale_run_dir(d: Path, everything: bool) -> bool:
+    # temporary run directories of jobs whose launcher is gone (a SIGKILL skips their removal)
+    try:
+        owner = int(json.loads((d / "testbed.json").read_text())["pid"])
+    except (OSError, ValueError, KeyError):
+        try:  # not started far enough to say who owns it: only when clearly abandoned
+            return time.time() - d.stat().st_mtime > 3600
+        except OSError:
+            return False
+    return everything or not pid_alive(owner)
 
 
 def leftovers(prefix: str = PREFIX) -> dict[str, list[str]]:

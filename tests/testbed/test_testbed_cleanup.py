@@ -67,7 +67,7 @@ def test_nothing_left_behind(failslow_cmd: list[str], tmp_path: Path, how: str) 
         p = subprocess.run([*failslow_cmd, "testbed", "cleanup"], capture_output=True, text=True, timeout=60,
                            check=False)
         assert p.returncode == 0, p.stderr
-        assert set(json.loads(p.stdout)) == {"processes", "namespaces", "cgroups", "state_files"}
+        assert set(json.loads(p.stdout)) == {"processes", "namespaces", "cgroups", "state_files", "run_dirs"}
         # (another testbed starting meanwhile may have swept them first: the end state is what counts)
     _wait_gone(pids)
     assert leftovers(prefix) == {"namespaces": [], "cgroups": [], "processes": []}
