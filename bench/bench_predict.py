@@ -144,8 +144,9 @@ def run() -> str:
             f"Data: `{DATA.relative_to(ROOT)}` (measured by `python -m testbed.dparch.measure`: each worker and "
             f"the server in its own netns behind `tc tbf {doc['spec']['rate']}` on both link ends, every process "
             f"capped at {doc['spec']['cpu_cap']:.3f} CPU, MLP {prof.n_layers} layers, "
-            f"{prof.model_bytes / 1e6:.2f} MB of parameters, batch {prof.batch_size}/worker). Predictions are "
-            "recomputed now from the profile in that file (two single-worker profiling runs merged). Error = "
+            f"{prof.model_bytes / 1e6:.2f} MB of parameters, batch {prof.batch_size}/worker; median of "
+            f"{doc.get('repeats', 1)} runs per point). Predictions are recomputed now from the profile in that "
+            f"file ({len(doc['profiles'])} single-worker profiling runs spread over the sweep, merged). Error = "
             "predicted / measured − 1. Plot: `docs/predict-accuracy.png`.",
             "",
             "| arch | model | " + " | ".join(f"K={k}" for k in ks) + " | mean abs | max abs |",

@@ -20,6 +20,8 @@ def _namespaces_of(pid: int) -> list[str]:
     return [ln.split()[0] for ln in out.splitlines() if ln.startswith(f"fsltb{pid}-")]
 
 
+@pytest.mark.integration
+@pytest.mark.root
 def test_dp_scaling_smoke_profiles_measures_and_cleans_up(failslow_cmd: list[str], tmp_path: Path) -> None:
     prof, out = tmp_path / "profile.json", tmp_path / "measured.json"
     proc = subprocess.Popen([*failslow_cmd, "testbed", "dp-scaling", "--arch", "ring,ps-async", "--workers", "2",
