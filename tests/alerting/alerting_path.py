@@ -64,12 +64,17 @@ class AlertPathResult:
 
     @property
     def resolved(self) -> list[tuple[float, dict[str, Any]]]:
-        """FailSlowDetected resolved deliveries that arrived after the fault ended and while the job still ran.
+        """Notifications that the job's whole FailSlowDetected group resolved (every suspect's alert), which
+        arrived after the fault ended and while the job still ran, as (arrival, first alert of the group).
 
-        Later ones do not count: stopping the job removes its series, which resolves the alert too.
+        One suspect's alert resolving while others still fire is not a resolution; and stopping the job
+        removes its series, which resolves the alert too, so later notifications do not count.
         """
         end, stop = self.fault_end or float("inf"), self.job_stopped or float("inf")
-        return [(t, a) for t, a in self._alerts("resolved") if end <= t < stop]
+        return [(h.t, h.body["alerts"][0]) for h in self.receiver_posts
+                if h.body.get("status") == "resolved" and h.body.get("alerts")
+                and h.body.get("groupLabels", {}).get("alertname") == "FailSlowDetected"
+                and h.body.get("groupLabels", {}).get("job") == self.job and end <= h.t < stop]
 
     @property
     def detect_latency_s(self) -> float | None:
@@ -153,11 +158,14 @@ DEFAULT_FAULT = "gc:rank=3,every=1,pause=0.4"
 
 def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_FAULT, fault_rank: int = 3,
                    warmup_s: float = 40.0, fault_s: float = 40.0, max_after_s: float = 100.0,
-                   iterations: int = 2000, poll_s: float = 5.0) -> AlertPathResult:
+                   iterations: int = 2000, poll_s: float = 5.0, wait_resolved: bool = True,
+                   max_detect_s: float = 120.0) -> AlertPathResult:
     """Start everything, inject `fault` (on `fault_rank`) after `warmup_s` of training for `fault_s`.
 
-    Returns once the resolved FailSlowDetected arrived, or `max_after_s` after the fault ended, or the job
-    ended. The job is given more iterations than it can run and is stopped (SIGTERM) at the end.
+    With `wait_resolved`, returns once the job's FailSlowDetected group resolved, or `max_after_s` after the
+    fault ended, or the job ended; without, once FailSlowDetected for the job arrived (plus a few seconds for
+    further suspects) or `max_detect_s` after the fault started. The job is given more iterations than it
+    can run and is stopped (SIGTERM) at the end.
     """
     job = f"alertpath{os.getpid()}"
     token = secrets.token_hex(16)
@@ -168,9 +176,9 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
     rings.mkdir(parents=True)
     receiver = WebhookReceiver()
     resolved_evt = threading.Event()
-    receiver.on_post = lambda h: resolved_evt.set() if any(
-        a["status"] == "resolved" and a["labels"].get("alertname") == "FailSlowDetected"
-        and a["labels"].get("job") == job for a in h.body.get("alerts", [])) else None
+    receiver.on_post = lambda h: resolved_evt.set() if (
+        h.body.get("status") == "resolved" and h.body.get("groupLabels", {}).get("alertname") == "FailSlowDetected"
+        and h.body.get("groupLabels", {}).get("job") == job) else None
     ports = {k: free_port() for k in ("redis", "prom", "am", "exporter", "detector")}
     with ExitStack() as stack:
         stack.callback(receiver.close)
@@ -253,10 +261,19 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
         threading.Thread(target=sample, daemon=True).start()
         deadline = time.monotonic() + warmup_s + fault_s + max_after_s + 120  # + start-up of the ranks
         while time.monotonic() < deadline and tb.poll() is None:
-            if res.fault_end is not None and (resolved_evt.is_set()
-                                               or time.time() - res.fault_end > max_after_s):
-                break
+            if not wait_resolved and res.fault_start is not None:
+                res.receiver_posts = list(receiver.posts)
+                if res.firing:
+                    time.sleep(5.0)  # suspects named a moment later arrive in the same group
+                    break
+                if time.time() - res.fault_start > max_detect_s:
+                    break
+            elif res.fault_end is not None:
+                res.receiver_posts = list(receiver.posts)
+                if res.resolved or time.time() - res.fault_end > max_after_s:
+                    break
             resolved_evt.wait(1.0)
+            resolved_evt.clear()
         try:
             res.prometheus_state = str(requests.get(f"{prom.url}/api/v1/alerts", timeout=5).json()["data"])
         except (requests.RequestException, ValueError, KeyError) as e:
