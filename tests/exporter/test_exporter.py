@@ -316,3 +316,38 @@ def generate_latest_of(collector: RingCollector) -> list[bytes]:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(collector)  # type: ignore[arg-type]
     return [generate_latest(reg)]
+
+
+def test_ring_overflow_is_counted_and_iterations_resume(tmp_path: Path) -> None:
+    """A producer that laps the exporter: lost records are counted and the tracker restarts at the hole."""
+    from failslow import period_synth as ps
+    from failslow.ring import Flag, RingWriter
+
+    tr = ps.generate([ps.dp_buckets(3)], [400], seed=5)  # 1600 calls
+    w = RingWriter.create(directory=tmp_path, job="ovf", rank=0, world_size=2, layout={"dp": 2, "pp": 1, "tp": 1},
+                          capacity=256, pid=6001)
+    col = RingCollector(tmp_path, node="n", alive=lambda pid: True)
+
+    def write(lo: int, hi: int) -> None:
+        for i in range(lo, hi):
+            t0 = 10**9 + int((tr.t_start[i] - tr.t_start[0]) * 1e9)
+            w.append(int(tr.op[i]), 1, 2, 0, -1, 1, int(tr.nbytes[i]), 7, t0, t0, t0 + 100_000,
+                     int(Flag.HOST_TIMES))
+
+    try:
+        write(0, 200)
+        col.poll()
+        write(200, 900)  # laps the 256-record ring: 444 records are overwritten unread
+        col.poll()
+        write(900, 1100)
+        col.poll()
+        fams = {f.name: f for f in col.collect()}
+        dropped = fams["failslow_ring_dropped_records"].samples
+        assert [s.value for s in dropped] == [444.0]
+        tracks = list(col.tracks.values())
+        assert tracks[0].period == 4
+        mean = tracks[0].mean_iteration_s
+        assert mean is not None and abs(mean / float(np.mean(tr.iteration_s)) - 1) < 0.03
+    finally:
+        w.close()
+        col.close()
