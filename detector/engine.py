@@ -83,6 +83,9 @@ class Engine:
         self.t = -1  # index of the last poll fed to the detector
         self.last: np.ndarray = np.zeros(0)
         self._det: BatchDetector | None = None
+        self._job_names: list[str] = []
+        self._job_ids = np.zeros(0, dtype=np.int64)
+        self._job_slots_n = -1
 
     def _options(self) -> dict[str, Any]:
         if self.method in ("bocd-v", "bocd"):
@@ -145,25 +148,43 @@ class Engine:
             return math.nan
         return float(self.times[index % TIME_RING])
 
+    def _job_index(self) -> tuple[list[str], np.ndarray]:
+        # Rebuilt only when series were added: a poll at 16k ranks must not walk a dict per rank.
+        if self._job_slots_n != len(self.keys):
+            names = sorted({k[0] for k in self.keys})
+            pos = {j: i for i, j in enumerate(names)}
+            self._job_names = names
+            self._job_ids = np.array([pos[k[0]] for k in self.keys], dtype=np.int64)
+            self._job_slots_n = len(self.keys)
+        return self._job_names, self._job_ids
+
     def _jobs_step(self, ts: float, failslow: np.ndarray, onset: np.ndarray, slowdown: np.ndarray) -> list[Change]:
-        by_job: dict[str, list[int]] = {}
-        for k, i in self.index.items():
-            by_job.setdefault(k[0], []).append(i)
+        names, ids = self._job_index()
+        n = len(names)
+        seen = ~np.isnan(self.last)
+        n_seen = np.bincount(ids[seen], minlength=n)
+        n_slow = np.bincount(ids[seen & failslow], minlength=n)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            frac = np.where(n_seen > 0, n_slow / np.maximum(n_seen, 1), 0.0)
+        is_open = np.array([self.jobs[j].open if j in self.jobs else False for j in names], dtype=bool)
+        # Only jobs that may open and jobs already open need per-job work: usually none or a few.
+        todo = np.flatnonzero(((frac >= self.quorum) & ~is_open | is_open) & (n_seen > 0))
         changes: list[Change] = []
-        for job, slots in by_job.items():
-            idx = np.array(slots)
-            ev = self.jobs.setdefault(job, JobEvent(job=job))
-            seen = idx[~np.isnan(self.last[idx])]
-            if seen.size == 0:
-                continue
-            slow = failslow[seen]
-            frac = float(slow.mean())
-            level = float(np.median(self.last[seen]))
-            if not ev.open and frac >= self.quorum:
-                ratio = float(np.median(slowdown[seen][slow]))
-                first = int(onset[seen][slow].min())
+        for j in names:
+            if j not in self.jobs:
+                self.jobs[j] = JobEvent(job=j)
+        for jid in todo.tolist():
+            job = names[jid]
+            ev = self.jobs[job]
+            sl = np.flatnonzero((ids == jid) & seen)
+            slow = failslow[sl]
+            level = float(np.median(self.last[sl]))
+            if not ev.open:
+                ratio = float(np.median(slowdown[sl][slow]))
+                first = int(onset[sl][slow].min())
+                t_on = self.onset_time(first)
                 ev.open = True
-                ev.onset_ts = self.onset_time(first) if self.onset_time(first) == self.onset_time(first) else ts
+                ev.onset_ts = t_on if t_on == t_on else ts
                 ev.opened_ts = ts
                 ev.closed_ts = 0.0
                 ev.ratio = ratio
@@ -171,17 +192,17 @@ class Engine:
                 ev.suspects = []
                 ev.events += 1
                 changes.append(Change("opened", ev))
-            elif ev.open:
-                ratio = level / ev.baseline if ev.baseline > 0 else 1.0
-                if frac < self.quorum and ratio < 1.0 + self.threshold:
-                    ev.open = False
-                    ev.closed_ts = ts
-                    ev.ratio = 1.0
-                    ev.suspects = []
-                    changes.append(Change("closed", ev))
-                elif abs(ratio - ev.ratio) > 1e-9:
-                    ev.ratio = ratio
-                    changes.append(Change("updated", ev))
+                continue
+            ratio = level / ev.baseline if ev.baseline > 0 else 1.0
+            if frac[jid] < self.quorum and ratio < 1.0 + self.threshold:
+                ev.open = False
+                ev.closed_ts = ts
+                ev.ratio = 1.0
+                ev.suspects = []
+                changes.append(Change("closed", ev))
+            elif abs(ratio - ev.ratio) > 1e-9:
+                ev.ratio = ratio
+                changes.append(Change("updated", ev))
         return changes
 
     # ------------------------------------------------------------------ persistence
@@ -206,6 +227,7 @@ class Engine:
         keys = [(str(a), str(b)) for a, b in meta["keys"]]
         self.keys, self.index = [], {}
         self._det = None
+        self._job_slots_n = -1
         self.t = int(meta["t"])
         self._ensure(keys)
         if self._det is not None:

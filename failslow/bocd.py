@@ -289,6 +289,15 @@ class BOCD:
         mu += d
         return phys.astype(np.int64), (1.0 / tot[:, 0]).astype(np.float64)
 
+    def start_probability(self, rows: IntArray, max_run: IntArray) -> FloatArray:
+        """P(the current regime started at most ``max_run`` samples ago) for the given series."""
+        r = self.config.max_run
+        order = (self._head + np.arange(r)) % r
+        post = np.exp(self._lp[rows][:, order].astype(np.float64))
+        post /= post.sum(axis=1, keepdims=True)
+        cdf = np.cumsum(post, axis=1)
+        return cdf[np.arange(rows.shape[0]), np.clip(max_run, 0, r - 1)]
+
     def run_length_posterior(self) -> FloatArray:
         """Posterior over run-length bins (bin j = regime started j samples before the last sample)."""
         r = self.config.max_run
@@ -298,10 +307,14 @@ class BOCD:
 
 @dataclass
 class BOCDTrace:
-    """MAP run length and its probability after every sample of one series (the batch form)."""
+    """MAP run length and its probability after every sample of one series (the batch form).
+
+    ``cdf[t, j]`` is P(run length ≤ j) after sample t.
+    """
 
     run_length: IntArray
     probability: FloatArray
+    cdf: FloatArray
 
 
 def run_lengths(x: NDArray[np.floating[Any]], config: BOCDConfig | None = None) -> BOCDTrace:
@@ -328,6 +341,7 @@ def run_lengths(x: NDArray[np.floating[Any]], config: BOCDConfig | None = None) 
     log_h = model._log_h
     run = np.empty(n, dtype=np.int64)
     prob = np.empty(n)
+    cdf = np.empty((n, r))
     level = spread = 0.0
     seen = 0
     head = 0
@@ -366,9 +380,14 @@ def run_lengths(x: NDArray[np.floating[Any]], config: BOCDConfig | None = None) 
         logbeta = lb_new
         p = int(lp.argmax())
         lp -= lp[p]
-        tot = exp(lp).sum()
+        e = exp(lp)
+        tot = e.sum()
         lp -= log(tot)
         mu += d * inv_t[head]
         run[t] = (p - head) % r
         prob[t] = 1.0 / tot
-    return BOCDTrace(run_length=run, probability=prob)
+        cdf[t, : r - head] = e[head:]
+        cdf[t, r - head:] = e[:head]
+    np.cumsum(cdf, axis=1, out=cdf)
+    cdf /= cdf[:, -1:]
+    return BOCDTrace(run_length=run, probability=prob, cdf=cdf)

@@ -144,15 +144,23 @@ class Instance:
         """When the last participant entered the call."""
         return max(self.start)
 
-    def waits(self) -> tuple[float, ...]:
-        """Per participant: time spent waiting for the last arrival."""
-        la = self.last_arrival
-        return tuple(la - s for s in self.start)
-
     def transfer(self) -> float:
-        """Time from the last arrival to the median exit: what the data movement took."""
+        """Time from the last arrival to the median exit: what the data movement took.
+
+        For a send/recv pair only the receiver's exit counts: a buffered send returns before the data
+        has arrived, sometimes before the receiver even posted its receive.
+        """
         la = self.last_arrival
+        if self.group[0] == "p2p":
+            return max(0.0, self.end[1] - la)
         return float(np.median([e - la for e in self.end]))
+
+    def waits(self) -> tuple[float, ...]:
+        """Per participant: time spent waiting for the last arrival (a sender never waits for a receiver)."""
+        la = self.last_arrival
+        if self.group[0] == "p2p":
+            return (0.0, la - self.start[1])
+        return tuple(la - s for s in self.start)
 
 
 def match_instances(calls: Calls) -> list[Instance]:
@@ -316,7 +324,8 @@ def _union_time(starts: NDArray[np.float64], ends: NDArray[np.float64], lo: floa
 def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] | None = None,
             peers_of: Callable[[int], Sequence[int]] | None = None,
             group_role: Callable[[tuple[int, ...]], str] | None = None,
-            link_ratio: float = 1.1, compute_ratio: float = 1.1, min_instances: int = 3) -> Analysis:
+            link_ratio: float = 1.1, compute_ratio: float = 1.1, min_instances: int = 3,
+            z: float = 3.0, min_share: float = 0.05) -> Analysis:
     """Name compute and link culprits from call timings.
 
     Args:
@@ -328,6 +337,11 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
         link_ratio: A group is slow when its transfer per byte is at least this times its kind's median.
         compute_ratio: A rank is slow when its time outside calls is at least this times its peers' median.
         min_instances: Groups with fewer matched instances are not judged.
+        z: A slow group's excess over its kind's median must also be this many standard errors of its
+            own median (from the spread of its instances), so jitter on a busy host is not a slow link.
+        min_share: A suspect's excess (extra time outside calls of a rank; extra transfer time of a group,
+            summed over its instances) must be at least this share of the window: a culprit has to
+            explain a slowdown worth looking at, not a few percent of host noise.
     """
     if link_ratio <= 1.0 or compute_ratio <= 1.0:
         raise InputError("link_ratio and compute_ratio must be above 1")
@@ -342,6 +356,7 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
     else:
         nodes = node_of
     inst = match_instances(calls)
+    span = float(calls.end.max() - calls.start.min())
 
     # ---- groups and link suspects
     per_group: dict[tuple[Any, ...], list[Instance]] = defaultdict(list)
@@ -353,25 +368,32 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
             continue
         ranks = its[0].ranks
         role = group_role(tuple(sorted(ranks))) if group_role is not None else ""
-        kind = f"{'p2p' if key[0] == 'p2p' else 'coll'}:{its[0].op}:{len(ranks)}:{role}"
+        # Sends towards higher ranks (forward activations in Megatron order) and back are different traffic.
+        direction = ("fwd" if key[2] < key[3] else "bwd") if key[0] == "p2p" else "coll"
+        kind = f"{direction}:{its[0].op}:{len(ranks)}:{role}"
         tr = np.array([i.transfer() for i in its])
         nb = np.array([i.nbytes for i in its], dtype=np.float64)
         per_byte = tr / nb if np.all(nb > 0) else tr
-        raw.append((key, kind, ranks, len(its), float(np.median(tr)), float(np.median(per_byte))))
+        med = float(np.median(per_byte))
+        # Standard error of the median, from the group's own spread: separates slow from noisy.
+        se = 1.4826 * float(np.median(np.abs(per_byte - med))) * 1.2533 / np.sqrt(len(its))
+        raw.append((key, kind, ranks, len(its), float(np.median(tr)), med, se))
     groups: list[GroupStat] = []
     by_kind: dict[str, list[float]] = defaultdict(list)
-    for _, kind, _, _, _, pb in raw:
+    for _, kind, _, _, _, pb, _ in raw:
         by_kind[kind].append(pb)
-    for key, kind, ranks, n, tr_s, pb in raw:
+    for key, kind, ranks, n, tr_s, pb, se in raw:
         peers = by_kind[kind]
-        ratio = pb / float(np.median(peers)) if len(peers) >= 2 and np.median(peers) > 0 else float("nan")
+        ref = float(np.median(peers))
+        ratio = pb / ref if len(peers) >= 2 and ref > 0 else float("nan")
+        ref_s = float(np.median([r[4] for r in raw if r[1] == kind]))
+        # Significant (beyond the group's own jitter) and material (a share of the wall time).
+        slow_g = (bool(ratio >= link_ratio) and pb - ref >= z * se
+                  and (tr_s - ref_s) * n >= min_share * span)
         groups.append(GroupStat(key=key, kind=kind, ranks=ranks, instances=n, transfer_s=tr_s,
-                                transfer_per_byte=pb, ratio=ratio, slow=bool(ratio >= link_ratio)))
+                                transfer_per_byte=pb, ratio=ratio, slow=slow_g))
 
     culprits: list[Culprit] = []
-    slow = [g for g in groups if g.slow]
-    if slow:
-        culprits.extend(_localise_links(slow, [g for g in groups if not g.slow and g.ratio == g.ratio], nodes))
 
     # ---- ranks and compute suspects
     lo, hi = float(calls.start.min()), float(calls.end.max())
@@ -407,9 +429,12 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
                                    caused_s=caused[r], last_fraction=last[r] / seen[r] if seen[r] else float("nan"),
                                    ratio=ratio))
     for rs in rank_stats:
-        if rs.ratio == rs.ratio and rs.ratio >= compute_ratio:
+        lastf = rs.last_fraction if rs.last_fraction == rs.last_fraction else 0.5
+        # A compute suspect works longer than its peers *and* is the one the others wait for.
+        ref_out = rs.outside_s / rs.ratio if rs.ratio == rs.ratio and rs.ratio > 0 else rs.outside_s
+        if (rs.ratio == rs.ratio and rs.ratio >= compute_ratio and lastf >= 0.5
+                and rs.outside_s - ref_out >= min_share * span):
             excess = min(1.0, (rs.ratio - 1.0) / 0.5)
-            lastf = rs.last_fraction if rs.last_fraction == rs.last_fraction else 0.5
             conf = round(0.5 * excess + 0.5 * lastf, 3)
             culprits.append(Culprit(
                 kind="compute", rank=rs.rank, node=nodes(rs.rank) if nodes is not None else None,
@@ -417,8 +442,24 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
                 evidence={"outside_calls_ratio": round(rs.ratio, 3), "outside_calls_s": round(rs.outside_s, 6),
                           "last_arrival_fraction": None if rs.last_fraction != rs.last_fraction
                           else round(rs.last_fraction, 3), "caused_wait_s": round(rs.caused_s, 6)}))
+    culprits.extend(_links_not_explained(groups, culprits, nodes))
     culprits.sort(key=lambda c: -c.confidence)
     return Analysis(culprits=culprits, groups=groups, ranks=rank_stats)
+
+
+def _links_not_explained(groups: list[GroupStat], culprits: list[Culprit],
+                         nodes: Callable[[int], int] | None) -> list[Culprit]:
+    """Link suspects from slow groups, except groups that contain a compute suspect.
+
+    A CPU-starved rank also moves its collectives' data slowly (gloo, NCCL proxies and host staging run
+    on its CPU), so a slow group that contains a compute suspect is explained by it, not by a link.
+    """
+    busy = {c.rank for c in culprits if c.kind == "compute"}
+    slow = [g for g in groups if g.slow and not busy.intersection(g.ranks)]
+    if not slow:
+        return []
+    healthy = [g for g in groups if not g.slow and g.ratio == g.ratio]
+    return _localise_links(slow, healthy, nodes)
 
 
 def _localise_links(slow: list[GroupStat], healthy: list[GroupStat],
@@ -509,9 +550,6 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
                                 instances=0, transfer_s=tr, transfer_per_byte=tr, ratio=ratio,
                                 slow=bool(ratio >= link_ratio)))
     culprits: list[Culprit] = []
-    slow = [g for g in groups if g.slow]
-    if slow:
-        culprits.extend(_localise_links(slow, [g for g in groups if not g.slow and g.ratio == g.ratio], nodes))
     waited = defaultdict(float)
     for per_rank in group_call_s.values():
         vals = {r: float(v) for r, v in per_rank.items() if v == v}
@@ -538,5 +576,6 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
                                     evidence={"outside_calls_ratio": round(rs.ratio, 3),
                                               "outside_calls_s": round(rs.outside_s, 6),
                                               "wait_s": round(rs.wait_s, 6)}))
+    culprits.extend(_links_not_explained(groups, culprits, nodes))
     culprits.sort(key=lambda c: -c.confidence)
     return Analysis(culprits=culprits, groups=groups, ranks=stats)

@@ -194,15 +194,92 @@ class _BOCDBase:
 class VerifiedBOCD(_BOCDBase):
     """BOCD+V: BOCD candidates confirmed by a robust ≥ threshold level change (see module docstring)."""
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self._ref = np.full(self.n_series, np.nan)
+        self._ref_n = np.zeros(self.n_series, dtype=np.int64)
+
+    def grow(self, n_series: int) -> None:
+        """Append fresh series."""
+        extra = n_series - self.n_series
+        super().grow(n_series)
+        if extra > 0:
+            self._ref = np.concatenate([self._ref, np.full(extra, np.nan)])
+            self._ref_n = np.concatenate([self._ref_n, np.zeros(extra, dtype=np.int64)])
+
+    def state_dict(self) -> dict[str, Any]:
+        """Base state plus the reference level of the persistence check."""
+        st = super().state_dict()
+        st["ref"] = self._ref
+        st["ref_n"] = self._ref_n
+        return st
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`."""
+        super().load_state_dict(state)
+        self._ref = np.array(state["ref"], dtype=np.float64)
+        self._ref_n = np.array(state["ref_n"], dtype=np.int64)
+
+    def _persistent(self, cand: NDArray[np.bool_]) -> tuple[IntArray, IntArray]:
+        """Series whose last ``n_min`` samples all sit ≥ threshold on one side of the reference level.
+
+        BOCD misses a change when an early outlier (a slow first iteration) inflated the variance of
+        the current run; this cheap check proposes such changes to the same verification. The
+        candidate start is the earliest sample of the unbroken run of deviating samples.
+        """
+        v, t, width = self.verify, self.t, self._hist.width
+        if t + 1 < v.n_min:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        cols = (t - v.n_min + 1 + np.arange(v.n_min)) % width
+        dev = self._hist.buf[:, cols] - self._ref[:, None]
+        lim = (v.threshold * np.abs(self._ref))[:, None]
+        with np.errstate(invalid="ignore"):
+            up = np.all(dev > lim, axis=1)
+            down = np.all(dev < -lim, axis=1)
+        ok = (up | down) & ~cand & (self._ref_n >= v.min_before) & (t - v.n_min + 1 - self._start >= v.min_before)
+        rows = np.flatnonzero(ok)
+        if rows.size == 0:
+            return rows, rows
+        idx = t - v.n_max + 1 + np.arange(v.n_max)
+        vals = self._hist.buf[rows[:, None], idx % width]
+        d = vals - self._ref[rows, None]
+        sign = np.where(up[rows], 1.0, -1.0)[:, None]
+        with np.errstate(invalid="ignore"):
+            beyond = (d * sign > lim[rows]) | np.isnan(vals)
+        beyond &= (idx[None, :] >= self._start[rows, None] + v.min_before) & (idx[None, :] >= 0)
+        # Length of the all-True suffix of each row.
+        suffix = np.argmin(beyond[:, ::-1], axis=1)
+        suffix = np.where(beyond.all(axis=1), v.n_max, suffix)
+        return rows, (t - suffix + 1).astype(np.int64)
+
+    def _update_ref(self, xv: FloatArray) -> None:
+        ok = ~np.isnan(xv)
+        fresh = ok & (self._ref_n == 0)
+        self._ref[fresh] = xv[fresh]
+        self._ref_n[ok] += 1
+        w = np.maximum(1.0 / np.maximum(self._ref_n, 1), self.bocd.ew)
+        self._ref = np.where(ok, self._ref + w * (np.where(ok, xv, 0.0) - self._ref), self._ref)
+
     def update(self, x: NDArray[np.floating[Any]]) -> BatchVerdict:
         """Consume one sample per series (NaN = missing)."""
-        _, run, prob = self._step(x)
+        xv, run, prob = self._step(x)
         v, s = self.verify, self.n_series
         t = self.t
         c = t - run
         n_after = run + 1
         cand = ((n_after >= v.n_min) & (n_after <= v.n_max) & (run < self.bocd.max_run - 1)
                 & (c - self._start >= v.min_before))
+        # The fallback only where BOCD has not itself started a new run since the regime began.
+        stale = (n_after > v.n_max) | (c - self._start < v.min_before)
+        extra_rows, extra_c = self._persistent(cand | ~stale)
+        if extra_rows.size:
+            c = c.copy()
+            c[extra_rows] = extra_c
+            cand = cand.copy()
+            cand[extra_rows] = True
+            prob = prob.copy()
+            prob[extra_rows] = self._model.start_probability(extra_rows, t - extra_c)
+        self._update_ref(xv)
         changed = np.zeros(s, dtype=bool)
         index = np.full(s, -1, dtype=np.int64)
         p = np.full(s, np.nan)
@@ -224,6 +301,7 @@ class VerifiedBOCD(_BOCDBase):
             lb[hit] = mb[ok]
             la[hit] = ma[ok]
             self._start[hit] = c[hit]
+            self._ref[hit] = ma[ok]
         return self._verdict(changed, index, p, lb, la)
 
 
@@ -311,12 +389,40 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
     start = 0
     last_bin = bcfg.max_run - 1
     run_arr = tr.run_length
-    # Only samples whose MAP regime start is a candidate can confirm anything: find them vectorised.
-    cand = np.flatnonzero((run_arr + 1 >= v.n_min) & (run_arr + 1 <= v.n_max) & (run_arr < last_bin))
-    for t in cand.tolist():
+    ref, ref_n = float("nan"), 0
+    thr = v.threshold
+    for t in range(xs.shape[0]):
         run = int(run_arr[t])
         c = t - run
-        if c - start < v.min_before:
+        prob = float(tr.probability[t])
+        is_cand = v.n_min <= run + 1 <= v.n_max and run < last_bin and c - start >= v.min_before
+        stale = run + 1 > v.n_max or c - start < v.min_before
+        if (not is_cand and stale and ref_n >= v.min_before and t + 1 >= v.n_min
+                and t - v.n_min + 1 - start >= v.min_before):
+            rec = xs[t - v.n_min + 1:t + 1] - ref
+            lim = thr * abs(ref)
+            up, down = bool(np.all(rec > lim)), bool(np.all(rec < -lim))
+            if up or down:
+                sign = 1.0 if up else -1.0
+                k = 0
+                while k < v.n_max:
+                    i = t - k
+                    if i < 0 or i < start + v.min_before:
+                        break
+                    xi = xs[i]
+                    if not (xi != xi or (xi - ref) * sign > lim):
+                        break
+                    k += 1
+                c = t - k + 1
+                prob = float(tr.cdf[t, min(t - c, last_bin)])
+                is_cand = True
+        xt = xs[t]
+        if xt == xt:
+            if ref_n == 0:
+                ref = float(xt)
+            ref_n += 1
+            ref += max(1.0 / ref_n, bcfg.ew) * (float(xt) - ref)
+        if not is_cand:
             continue
         mb, ma, nb, na, mad = _levels_1d(xs, t, start, c, v)
         sigma = max(1.4826 * mad, bcfg.scale_floor * abs(mb))
@@ -324,8 +430,9 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
         se = sigma * float(np.sqrt(1.0 / max(na, 1) + 1.0 / max(nb, 1)))
         if na >= v.n_min and nb >= v.min_before and diff >= v.threshold * abs(mb) and diff >= v.z * se \
                 and diff > 0:
-            out.append((t, c, float(tr.probability[t]), mb, ma))
+            out.append((t, c, prob, mb, ma))
             start = c
+            ref = ma
     return out
 
 

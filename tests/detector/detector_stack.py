@@ -133,6 +133,7 @@ class FakeJob:
     slow_rank: int | None = None
     slow_node: int | None = None
     factor: float = 1.5
+    comm_metrics: bool = True
     tick: int = 0
     counts: dict[tuple[int, str], float] = field(default_factory=dict)
     sums: dict[tuple[int, str], float] = field(default_factory=dict)
@@ -182,6 +183,8 @@ class FakeJob:
             cs.add_metric(labels, self._compute[r])
         yield it
         yield cs
+        if not self.comm_metrics:
+            return
         summ = SummaryMetricFamily("failslow_comm_call_duration_seconds", "calls",
                                    labels=["job", "rank", "comm", "op", "nranks"])
         info = GaugeMetricFamily("failslow_comm_info", "comms",

@@ -1,0 +1,82 @@
+"""Culprit analysis and detection on the REAL testbed: torch.distributed (gloo) DP2 x PP2, one rank per
+network namespace, a cgroup CPU fault on one rank then a tc link fault on one node, recorded by the torch
+hook into per-process rings and read back with failslow.ring.
+
+Ground truth comes from the testbed's injection log (the report's fault episodes). The analysis must name
+the starved rank for the CPU fault and the throttled node for the link fault, never their victims.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+
+from failslow.detect import detect_series
+from failslow.groups import Analysis, Calls, analyse, calls_from_records
+from failslow.ring import RingReader, find_rings
+from failslow.topology import Layout
+
+CPU_RANK = 3
+LINK_NODE = 1
+
+
+def _window(calls: Calls, lo: float, hi: float) -> Calls:
+    m = (calls.start >= lo) & (calls.end <= hi)
+    return Calls(**{k: getattr(calls, k)[m] for k in
+                    ("rank", "comm", "seq", "op", "nranks", "comm_rank", "peer", "nbytes", "start", "end")})
+
+
+def _analyse(calls: Calls, lay: Layout) -> Analysis:
+    dp = {tuple(sorted(g)) for g in lay.groups("dp")}
+    return analyse(calls, node_of=lay.node_of, peers_of=lay.dp_group,
+                   group_role=lambda ranks: "dp" if ranks in dp else "pp")
+
+
+def test_testbed_cpu_then_link_fault(tmp_path: Path, failslow_cmd: list[str]) -> None:
+    rings = tmp_path / "rings"
+    rings.mkdir()
+    report = tmp_path / "report.json"
+    env = dict(os.environ, FAILSLOW_KEEP_RINGS="1")
+    cmd = [*failslow_cmd, "testbed", "run", "--dp", "2", "--pp", "2", "--iterations", "30", "--torch-hook",
+           "--ring-dir", str(rings), "--job", f"h4-culprit-{os.getpid()}",
+           "--inject", f"cpu:rank={CPU_RANK},quota=0.1,start_iter=6,stop_iter=12",
+           "--inject", f"link:node={LINK_NODE},rate=20mbit,start_iter=20,stop_iter=28",
+           "--report", str(report)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    rep = json.loads(report.read_text())
+    assert rep["namespaces"] and rep["link_faults_available"], "link faults need the per-node namespaces"
+    lay = Layout(**{k: v for k, v in rep["layout"].items() if k in ("tp", "pp", "dp", "cp", "ranks_per_node")})
+
+    parts = []
+    for path in find_rings(rings):
+        r = RingReader(path)
+        try:
+            parts.append(calls_from_records(r.read_new(), r.header.rank, r.header.clock_offset_ns))
+        finally:
+            r.close()
+    assert sorted(int(c.rank[0]) for c in parts if len(c)) == list(range(lay.world_size))
+    calls = Calls.concat(parts)
+
+    faults = {f["kind"]: f for f in rep["faults"]}
+    cpu = _analyse(_window(calls, faults["cpu"]["start_unix_s"], faults["cpu"]["end_unix_s"]), lay)
+    assert [c.rank for c in cpu.compute] == [CPU_RANK], cpu.culprits
+    assert cpu.link == [], cpu.culprits
+
+    link = _analyse(_window(calls, faults["link"]["start_unix_s"], faults["link"]["end_unix_s"]), lay)
+    assert [c.node for c in link.link] == [LINK_NODE], link.culprits
+    assert link.compute == [], link.culprits
+
+    # Detection on the testbed's own iteration times: each episode is a confirmed slowdown near its start.
+    ends = np.array(rep["iteration_end_unix_s"]["0"])
+    x = np.array(rep["iteration_time_s"]["0"])
+    res = detect_series(x, "bocd-v")
+    for f in (faults["cpu"], faults["link"]):
+        first_slow = int(np.searchsorted(ends, f["start_unix_s"]))
+        ups = [c.index for c in res.change_points if c.ratio > 1.1]
+        assert any(abs(i - first_slow) <= 2 for i in ups), (first_slow, res.change_points, x)
+    assert res.events and abs(res.events[0][0] - int(np.searchsorted(ends, faults["cpu"]["start_unix_s"]))) <= 2
