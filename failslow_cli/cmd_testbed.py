@@ -17,6 +17,7 @@ SUBCOMMANDS: dict[str, str] = {
     "run": "testbed.cli_run",
     "demo": "testbed.demo",
     "cleanup": "testbed.cli_cleanup",
+    "control": "testbed.cli_control",
     "dp-scaling": "testbed.dparch.cli",
 }
 

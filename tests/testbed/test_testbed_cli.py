@@ -71,3 +71,8 @@ def test_help_lists_subcommands(failslow_cmd: list[str]) -> None:
     assert p.returncode == 0
     for sub in ("run", "demo", "cleanup"):
         assert sub in p.stdout
+
+
+def test_control_refuses_a_directory_without_a_job(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc = failslow_main(["testbed", "control", "--run-dir", str(tmp_path), "status"])
+    assert rc == 2 and "not a running testbed" in capsys.readouterr().err

@@ -140,13 +140,25 @@ def test_cpu_and_link_faults_at_run_time(tmp_path: Path) -> None:
     assert statistics.median(with_cpu) > 1.2 * base, (with_cpu, healthy)
 
 
-def test_trainer_faults_and_tp(tmp_path: Path) -> None:
+def test_trainer_faults_and_tp(failslow_cmd: list[str], tmp_path: Path) -> None:
     """GC pauses, sequence-length and stage imbalance act in the trainers; TP2 trains; poisson schedules."""
     small = ModelConfig(d_model=64, layers=2)  # these checks do not depend on the model's size
-    cfg = JobConfig(dp=2, pp=2, tp=1, iterations=12, micro_batches=2, namespaces=False, model=small)
-    specs = ["gc:rank=2,every=4,pause=0.2", "seqlen:dp=1,factor=1.5", "stage:pp=1,layers=+2,start_iter=1,stop_iter=5"]
+    # runs until stopped below (a checkpoint with stop), however fast or slow the machine is
+    cfg = JobConfig(dp=2, pp=2, tp=1, iterations=1000, micro_batches=2, namespaces=False, model=small)
+    specs = ["seqlen:dp=1,factor=1.5", "stage:pp=1,layers=+2,start_iter=1,stop_iter=5"]
     with Testbed(cfg, specs, run_dir=tmp_path / "a") as tb:
         tb.start()
+        # the GC fault comes at run time from another process: `failslow testbed control ... inject`
+        ctl = subprocess.Popen([*failslow_cmd, "testbed", "control", "--run-dir", str(tmp_path / "a"), "inject",
+                                "gc:rank=2,every=4,pause=0.2"], stdout=subprocess.PIPE, text=True)
+        while ctl.poll() is None:
+            tb.poll()
+            tb.serve_requests()
+            time.sleep(0.05)
+        assert ctl.returncode == 0 and json.loads(ctl.stdout.read()) == "gc:rank=2,every=4,pause=0.2"
+        gc_fault = next(f for f in tb.faults if f.kind == "gc")
+        _wait_until(tb, max(6, gc_fault.episodes[0]["start_iter"] + 5))
+        tb.checkpoint(tmp_path / "ck", stop=True)
         rep = tb.wait()
         rep = tb.report(trace=tmp_path / "trace-a.csv")
         recs = tb.records
@@ -157,7 +169,9 @@ def test_trainer_faults_and_tp(tmp_path: Path) -> None:
     # contiguous range of iterations, and the report gives that range's wall-clock onset and end
     stage_ep = next(e for e in rep["faults"] if e["kind"] == "stage")
     first, last = stage_ep["start_iter"], stage_ep["end_iter"]
-    assert 1 <= first < last <= 12
+    n = len(recs[0])
+    assert all(len(q) == n for q in recs.values())
+    assert 1 <= first < last <= n
     for rank in range(4):
         want = [3.0 if rank // 2 == 1 and first <= r["it"] < last else 1.0 for r in recs[rank]]
         assert [r["stage_factor"] for r in recs[rank]] == want
@@ -165,7 +179,9 @@ def test_trainer_faults_and_tp(tmp_path: Path) -> None:
                                            if r["it"] == first)
     lines = (tmp_path / "trace-a.csv").read_text().splitlines()
     gc_rows = [row.split(",") for row in lines[1:] if ",gc," in row]
-    assert sorted(int(r[3]) for r in gc_rows) == [3, 7, 11] and {r[2] for r in gc_rows} == {"2"}
+    gc_ep = next(e for e in rep["faults"] if e["kind"] == "gc")
+    want = [it for it in range(gc_ep["start_iter"], n) if (it + 1) % 4 == 0]
+    assert want and sorted(int(r[3]) for r in gc_rows) == want and {r[2] for r in gc_rows} == {"2"}
     assert all(float(r[6]) >= 0.2 for r in gc_rows)
 
     cfg = JobConfig(dp=1, pp=2, tp=2, iterations=8, micro_batches=2, model=small)
