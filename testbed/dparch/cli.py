@@ -78,9 +78,17 @@ def run(args: argparse.Namespace) -> int:
         raise InputError("dp-scaling needs root (network namespaces, tc, cgroups)")
     cap = args.cpu_total / (max(workers) + 1)
     base = RunSpec(arch="ring", workers=1, rate=args.rate, cpu_cap=cap, warmup=args.warmup)
-    doc = sweep(base, archs, workers, profile=args.profile_out is not None, repeats=args.repeats,
-                steps=args.steps,
-                log=lambda s: print(s, file=sys.stderr, flush=True))
+    from testbed.cgroup import CgroupError
+    from testbed.dparch.run import RunError
+    from testbed.netns import NetError
+
+    try:
+        doc = sweep(base, archs, workers, profile=args.profile_out is not None, repeats=args.repeats,
+                    steps=args.steps, log=lambda s: print(s, file=sys.stderr, flush=True))
+    except (RunError, NetError, CgroupError) as exc:
+        # A run that failed on the machine (not bad input): one clear message, exit 1.
+        print(f"failslow testbed dp-scaling: {exc}", file=sys.stderr)
+        return 1
     if args.profile_out is not None:
         args.profile_out.write_text(json.dumps(doc["profile"], indent=1) + "\n")
     if args.out is not None:

@@ -1,4 +1,4 @@
-"""Orchestrates one data-parallel scaling run: namespaces, shaped links, CPU caps, processes, results.
+"""Orchestrates data-parallel scaling runs: namespaces, shaped links, CPU caps, processes, results.
 
 Every process (worker, server, profiler peer) runs in its own network namespace from `testbed.netns`
 (a veth into a bridge namespace), with `tc tbf` at the same rate on both ends of its link, and in its
