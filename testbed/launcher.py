@@ -363,8 +363,11 @@ class Testbed:
     def start(self) -> None:
         """Create the network, write the run directory and spawn the ranks."""
         cleanup()  # what dead testbeds left behind; live ones are untouched
-        for sub in ("progress", "trace", "logs", "requests", "responses"):
-            (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
+        for sub in ("progress", "trace", "logs", "requests", "responses", "exits", "grads"):
+            # a reused --run-dir must not feed the previous job's progress lines into this one
+            shutil.rmtree(self.run_dir / sub, ignore_errors=True)
+            if sub not in ("exits", "grads"):
+                (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         if self.use_ns:
             self.net = NetCluster.create(self.num_nodes, prefix=self.prefix, state=self.state)
         initial: dict[str, Any] = {"faults": {}, "microbatches": self.config.microbatches}
