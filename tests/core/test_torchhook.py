@@ -140,25 +140,14 @@ def test_end_times_capture_waiting(gloo_job: tuple[Path, Path]) -> None:
     assert int(async_ar["flags"]) & Flag.ASYNC and not int(async_ar["flags"]) & Flag.END_AT_WAIT
 
 
-def test_install_from_env_is_opt_in_and_install_is_idempotent(tmp_path: Path) -> None:
-    code = (
-        "import sys, failslow.torchhook as th\n"
-        "assert 'torch' not in sys.modules\n"
-        "assert th.install_from_env({}) is False and not th.installed()\n"
-        "assert 'torch' not in sys.modules\n"
-        f"th.install(directory={str(tmp_path)!r}); th.install()\n"
-        "import torch.distributed as dist\n"
-        "from torch.distributed import distributed_c10d as c10d\n"
-        "assert dist.all_reduce is c10d.all_reduce and dist.all_reduce._failslow_hook\n"
-        "assert dist.all_reduce.__wrapped__.__name__ == 'all_reduce'\n"
-        "th.uninstall()\n"
-        "assert not getattr(dist.all_reduce, '_failslow_hook', False)\n"
-        "assert th.install_from_env({'FAILSLOW_TORCH_HOOK': '1'}) is True\n"
-        "try:\n"
-        "    th.uninstall(); th.install_from_env({'FAILSLOW_TORCH_HOOK': '1', 'FAILSLOW_RING_CAPACITY': '100'})\n"
-        "except Exception as e:\n"
-        "    print(type(e).__name__, e)\n"
-    )
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "InputError" in r.stdout and "power of two" in r.stdout
+def test_install_from_env_is_opt_in_and_install_is_idempotent(gloo_job: tuple[Path, Path]) -> None:
+    """Checked inside each rank process (one torch import per process keeps this test cheap)."""
+    out, _rings = gloo_job
+    for rank in range(WS):
+        checks = json.loads((out / f"rank{rank}.json").read_text())["checks"]
+        assert checks["torch_imported_early"] is False  # importing the hook module does not import torch
+        assert checks["off_without_env"] is True
+        assert "power of two" in checks["bad_capacity"]
+        assert checks["still_off"] is True
+        assert checks["wrapped_both_modules"] is True  # and a second install() changed nothing
+        assert checks["restored"] is True  # uninstall() puts the original functions back

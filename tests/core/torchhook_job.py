@@ -15,10 +15,32 @@ import time
 import failslow.torchhook as th
 
 
+def _opt_in_checks() -> dict[str, object]:
+    """install_from_env is opt-in, validates its input, and nothing imports torch before it is needed."""
+    from failslow.errors import InputError
+
+    out: dict[str, object] = {"torch_imported_early": "torch" in sys.modules}
+    out["off_without_env"] = th.install_from_env({}) is False and not th.installed()
+    try:
+        th.install_from_env({"FAILSLOW_TORCH_HOOK": "1", "FAILSLOW_RING_CAPACITY": "100"})
+        out["bad_capacity"] = "accepted"
+    except InputError as exc:
+        out["bad_capacity"] = str(exc)
+    out["still_off"] = not th.installed()
+    return out
+
+
 def main() -> int:
+    checks = _opt_in_checks()
     installed = th.install_from_env()
+    th.install()  # idempotent
     import torch
     import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    checks["wrapped_both_modules"] = (dist.all_reduce is c10d.all_reduce
+                                      and getattr(dist.all_reduce, "_failslow_hook", False)
+                                      and dist.all_reduce.__wrapped__.__name__ == "all_reduce")
 
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=ws)
@@ -85,9 +107,12 @@ def main() -> int:
     if objs != [{"rank": r} for r in range(ws)]:
         return 3
     dist.barrier()
-    with open(os.path.join(os.environ["OUT"], f"rank{rank}.json"), "w") as f:
-        json.dump({"installed": installed, "ring": th.ring_file(), "log": log, "pid": os.getpid()}, f)
+    ring_file = th.ring_file()
     dist.destroy_process_group()
+    th.uninstall(unlink=False)
+    checks["restored"] = not getattr(dist.all_reduce, "_failslow_hook", False) and not th.installed()
+    with open(os.path.join(os.environ["OUT"], f"rank{rank}.json"), "w") as f:
+        json.dump({"installed": installed, "ring": ring_file, "log": log, "pid": os.getpid(), "checks": checks}, f)
     return 0
 
 
