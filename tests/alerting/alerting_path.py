@@ -12,6 +12,7 @@ import secrets
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -159,13 +160,14 @@ DEFAULT_FAULT = "gc:rank=3,every=1,pause=0.4"
 def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_FAULT, fault_rank: int = 3,
                    warmup_s: float = 40.0, fault_s: float = 40.0, max_after_s: float = 100.0,
                    iterations: int = 2000, poll_s: float = 5.0, wait_resolved: bool = True,
-                   max_detect_s: float = 120.0) -> AlertPathResult:
+                   max_detect_s: float = 120.0, say: Callable[[str], None] | None = None) -> AlertPathResult:
     """Start everything, inject `fault` (on `fault_rank`) after `warmup_s` of training for `fault_s`.
 
     With `wait_resolved`, returns once the job's FailSlowDetected group resolved, or `max_after_s` after the
     fault ended, or the job ended; without, once FailSlowDetected for the job arrived (plus a few seconds for
     further suspects) or `max_detect_s` after the fault started. The job is given more iterations than it
-    can run and is stopped (SIGTERM) at the end.
+    can run and is stopped (SIGTERM) at the end. `say`, when given, is told where the UIs listen, when the
+    fault switches, and every notification as Alertmanager delivers it (the demo mode of `main`).
     """
     job = f"alertpath{os.getpid()}"
     token = secrets.token_hex(16)
@@ -176,9 +178,19 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
     rings.mkdir(parents=True)
     receiver = WebhookReceiver()
     resolved_evt = threading.Event()
-    receiver.on_post = lambda h: resolved_evt.set() if (
-        h.body.get("status") == "resolved" and h.body.get("groupLabels", {}).get("alertname") == "FailSlowDetected"
-        and h.body.get("groupLabels", {}).get("job") == job) else None
+    t_start = time.time()
+
+    def on_post(h: Webhook) -> None:
+        if say is not None:
+            for a in h.body.get("alerts", []):
+                extra = {k: v for k, v in a["labels"].items() if k in ("kind", "rank", "node", "dp_rank", "pp_rank")}
+                say(f"[{h.t - t_start:6.1f}s] webhook: {a['labels'].get('alertname')} {a['status'].upper()} "
+                    f"job={a['labels'].get('job')} {extra}\n           {a['annotations'].get('description', '')}")
+        if (h.body.get("status") == "resolved" and h.body.get("groupLabels", {}).get("alertname") == "FailSlowDetected"
+                and h.body.get("groupLabels", {}).get("job") == job):
+            resolved_evt.set()
+
+    receiver.on_post = on_post
     ports = {k: free_port() for k in ("redis", "prom", "am", "exporter", "detector")}
     with ExitStack() as stack:
         stack.callback(receiver.close)
@@ -190,6 +202,11 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
                                      exporters=[f"127.0.0.1:{ports['exporter']}"],
                                      detector=[f"127.0.0.1:{ports['detector']}"])
         prom = stack.enter_context(prometheus(prom_cfg, ports["prom"]))
+        if say is not None:
+            say(f"Prometheus UI:   {prom.url}  (alerts: {prom.url}/alerts)\n"
+                f"Alertmanager UI: http://127.0.0.1:{ports['am']}\n"
+                f"webhook (stand-in remediator): {receiver.url}\n"
+                f"job {job}: DP{dp}xPP{pp}, fault {spec}")
         cli = failslow_cli()
 
         exp_log = tmp / "exporter.log"
@@ -221,6 +238,8 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
             assert tb.stdout is not None
             for line in tb.stdout:
                 lines.append(line)
+                if say is not None and ("fault on" in line or "fault off" in line):
+                    say(f"[{time.time() - t_start:6.1f}s] {line.strip()}")
                 if "fault on:" in line and res.fault_start is None:
                     res.fault_start = time.time()
                 elif "fault off:" in line and res.fault_end is None:
@@ -284,3 +303,17 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
         res.testbed_log = "".join(lines)
     res.receiver_posts = list(receiver.posts)
     return res
+
+
+def main() -> int:
+    """Demo: run the whole path once on a temporary directory, printing alerts as they are delivered."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="failslow-alertpath-") as d:
+        res = run_alert_path(Path(d), say=lambda m: print(m, flush=True))
+    print(res.summary())
+    return 0 if res.firing else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -35,6 +35,8 @@ def test_fault_reaches_the_remediator_webhook_with_suspects(tmp_path: Path) -> N
     firing = res.firing
     assert firing, "no FailSlowDetected for the job reached the webhook:\n" + res.diagnostics()
     t_first, alert = firing[0]
+    for _t, a in firing:
+        print(f"  {a['labels']}\n    {a['annotations']['description']}")
     assert t_first >= res.fault_start, "FailSlowDetected arrived before the fault started (false alarm)"
     labels = alert["labels"]
     assert labels["job"] == res.job
