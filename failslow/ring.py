@@ -545,6 +545,8 @@ class RingWriter:
             raise InputError(f"cannot create ring in {d}: {exc.strerror or exc}") from exc
         try:
             os.ftruncate(fd, size)
+            # reserve the pages: writing a sparse page of a full tmpfs would be a SIGBUS in the producer
+            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         except OSError as exc:
             os.close(fd)

@@ -3,9 +3,9 @@
  * per-process ring of failslow_ring.h.
  *
  * Rules this file keeps:
- *  - the hot path (a hooked collective) takes no lock, never blocks, never allocates, never makes a
- *    syscall besides the vDSO clock, and its own failures never reach the caller: the real NCCL result is
- *    returned unchanged and errno is preserved;
+ *  - the hot path (a hooked collective) takes no lock, never blocks, never allocates, and makes no syscall
+ *    besides the vDSO clock (gettid once per thread, the ring's creation once per process); its own
+ *    failures never reach the caller: the real NCCL result is returned unchanged and errno is preserved;
  *  - communicator facts come from NCCL's public API (ncclCommCount/UserRank/CuDevice) and the init/split
  *    arguments, never from NCCL's private structs;
  *  - the real functions are found with dlsym(RTLD_NEXT), falling back to dlopen(FAILSLOW_NCCL_LIB or
@@ -473,7 +473,11 @@ static struct failslow_ring_header *create_ring(void) {
         dbg("failslow shim: cannot create ring in %s\n", dir);
         return NULL;
     }
-    if (ftruncate(fd, (off_t)size) != 0) {
+    /* reserve the pages now: a write into a sparse tmpfs file that cannot get a page is a SIGBUS in the
+     * training process (a full /dev/shm, e.g. a container's 64 MiB default); failing here only turns
+     * recording off */
+    if (ftruncate(fd, (off_t)size) != 0 || posix_fallocate(fd, 0, (off_t)size) != 0) {
+        dbg("failslow shim: no room for a ring in %s; recording off\n", dir);
         close(fd);
         unlink(tmp);
         return NULL;

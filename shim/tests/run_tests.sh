@@ -21,6 +21,16 @@ run killed
 run suspend
 run profile FAILSLOW_CUDART_LIB="$B/libfakecudart.so" FAKE_CUDA_LAG_NS=400000000 FAKE_NCCL_DELAY_NS=2000000
 env FAILSLOW_SHM_DIR=/nonexistent/failslow LD_PRELOAD="$SHIM" "$B/test_shim" nodir || fail nodir
+# a 1 MiB tmpfs cannot hold an 8 MiB ring: recording must turn off, never SIGBUS the job (needs root to mount)
+if [ "$(id -u)" = 0 ]; then
+    M="$D/small"; mkdir -p "$M"
+    mount -t tmpfs -o size=1m "failslow-shimtest-$$" "$M" || fail "cannot mount a test tmpfs as root"
+    env FAILSLOW_SHM_DIR="$M" LD_PRELOAD="$SHIM" "$B/test_shim" full; rc=$?
+    umount "$M"
+    [ $rc = 0 ] || fail "full (exit $rc)"
+else
+    echo "full: not run (mounting a small tmpfs needs root)"
+fi
 env FAILSLOW_SHM_DIR="$D" FAILSLOW_KEEP_RINGS=1 LD_PRELOAD="$SHIM" "$B/test_dlopen" "$B/libapp.so" || fail dlopen
 [ "$(ls "$D" | grep -c '^failslow-.*\.ring$')" = 1 ] || fail "FAILSLOW_KEEP_RINGS=1 should keep the ring"
 echo "shim tests: all passed"

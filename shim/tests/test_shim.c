@@ -495,6 +495,20 @@ static int mode_nodir(void) {
     return 0;
 }
 
+/* --- full: a ring directory too small for the ring (a container's small /dev/shm) -------------------- */
+
+static int mode_full(void) {
+    ncclComm_t c = init_comm(2, 0, 6);
+    long before = fake_calls();
+    /* 20k records = 2.5 MiB: without the up-front reservation the writes past the tmpfs size would SIGBUS */
+    for (int i = 0; i < 20000; i++)
+        CHECK(ncclAllReduce(0, 0, 10, ncclFloat32, ncclSum, c, 0) == ncclSuccess, "call passes through");
+    CHECK(fake_calls() - before == 20000, "every call reached NCCL");
+    CHECK(strcmp(shim_ring_path(), "") == 0, "recording turned off instead of a half-backed ring");
+    printf("full: ok (no room for the ring: recording off, job unharmed)\n");
+    return 0;
+}
+
 /* --- serve: a long-lived "rank" for the Python-side tests (tests/shim/): one call per stdin line ---- */
 
 static int mode_serve(void) {
@@ -530,6 +544,7 @@ int main(int argc, char **argv) {
     if (!strcmp(g_mode, "profile")) return mode_profile();
     if (!strcmp(g_mode, "nodir")) return mode_nodir();
     if (!strcmp(g_mode, "serve")) return mode_serve();
+    if (!strcmp(g_mode, "full")) return mode_full();
     fprintf(stderr, "unknown mode %s\n", g_mode);
     return 2;
 }
