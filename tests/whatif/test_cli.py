@@ -1,4 +1,4 @@
-"""`failslow whatif` end to end: the installed command on the real trace and on bad input."""
+"""`failslow whatif` end to end through the dispatcher, on the real trace and on bad input."""
 
 from __future__ import annotations
 
@@ -16,15 +16,27 @@ KEYS = {"S", "S_t", "W", "S_w", "M_W", "M_S", "simulation_error", "root_cause"}
 
 
 def _run(cmd: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([*cmd, "whatif", *args], capture_output=True, text=True, timeout=120, check=False)
+    return subprocess.run([*cmd, *args], capture_output=True, text=True, timeout=120, check=False)
 
 
-def test_real_trace_with_all_outputs(failslow_cmd: list[str], st_dir: Path, tmp_path: Path) -> None:
+def _main(capsys, *args: str) -> tuple[int, str, str]:
+    # in-process through the real dispatcher: same exit codes and messages, no interpreter start-up
+    from failslow_cli.main import main
+
+    try:
+        rc = main(["whatif", *args])
+    except SystemExit as exc:  # argparse
+        rc = int(exc.code or 0)
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_real_trace_with_all_outputs(capsys, st_dir: Path, tmp_path: Path) -> None:
     out, png, prom = tmp_path / "r.json", tmp_path / "h.png", tmp_path / "w.prom"
-    p = _run(failslow_cmd, str(st_dir / "trace-ST.csv.gz"), "--out", str(out), "--heatmap", str(png),
-             "--textfile", str(prom), "--job", "st-job")
-    assert p.returncode == 0, p.stderr
-    doc = json.loads(p.stdout)
+    rc, stdout, err = _main(capsys, str(st_dir / "trace-ST.csv.gz"), "--out", str(out), "--heatmap", str(png),
+                            "--textfile", str(prom), "--job", "st-job")
+    assert rc == 0, err
+    doc = json.loads(stdout)
     assert doc.keys() >= KEYS
     assert json.loads(out.read_text()) == doc
     assert abs(doc["S"] / 1.179 - 1) <= 0.02  # metadata found beside the trace (meta-ST.yaml)
@@ -44,7 +56,11 @@ def test_real_trace_with_all_outputs(failslow_cmd: list[str], st_dir: Path, tmp_
     assert "# TYPE failslow_whatif_worker_slowdown_ratio gauge" in prom.read_text()
 
 
-def test_hot_path_imports_neither_pandas_nor_matplotlib(st_dir: Path) -> None:
+def test_hot_path_imports_neither_pandas_nor_matplotlib(failslow_cmd: list[str], st_dir: Path) -> None:
+    # the installed entry point works ...
+    p = _run(failslow_cmd, "--help")
+    assert p.returncode == 0 and "whatif" in p.stdout
+    # ... and the dispatcher, in a fresh interpreter, pulls in neither pandas nor matplotlib
     code = (
         "import sys, io, contextlib\n"
         "from failslow_cli.main import main\n"
@@ -54,18 +70,6 @@ def test_hot_path_imports_neither_pandas_nor_matplotlib(st_dir: Path) -> None:
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert p.stdout.split() == ["0", "False", "False"], p.stderr
-
-
-def _main(capsys, *args: str) -> tuple[int, str, str]:
-    # in-process through the real dispatcher: same exit codes and messages, no interpreter start-up
-    from failslow_cli.main import main
-
-    try:
-        rc = main(["whatif", *args])
-    except SystemExit as exc:  # argparse
-        rc = int(exc.code or 0)
-    out = capsys.readouterr()
-    return rc, out.out, out.err
 
 
 def test_bad_inputs_exit_2_with_a_message(capsys, st_dir: Path, tmp_path: Path) -> None:
