@@ -362,7 +362,7 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
     per_group: dict[tuple[Any, ...], list[Instance]] = defaultdict(list)
     for it in inst:
         per_group[it.group].append(it)
-    raw: list[tuple[tuple[Any, ...], str, tuple[int, ...], int, float, float]] = []
+    raw: list[tuple[tuple[Any, ...], str, tuple[int, ...], int, float, float, float]] = []
     for key, its in per_group.items():
         if len(its) < min_instances:
             continue
@@ -386,7 +386,7 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
         peers = by_kind[kind]
         ref = float(np.median(peers))
         ratio = pb / ref if len(peers) >= 2 and ref > 0 else float("nan")
-        ref_s = float(np.median([r[4] for r in raw if r[1] == kind]))
+        ref_s = float(np.median([row[4] for row in raw if row[1] == kind]))
         # Significant (beyond the group's own jitter) and material (a share of the wall time).
         slow_g = (bool(ratio >= link_ratio) and pb - ref >= z * se
                   and (tr_s - ref_s) * n >= min_share * span)
@@ -397,11 +397,11 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
 
     # ---- ranks and compute suspects
     lo, hi = float(calls.start.min()), float(calls.end.max())
-    all_ranks = sorted(set(calls.rank.tolist()))
-    wait = defaultdict(float)
-    caused = defaultdict(float)
-    last = defaultdict(int)
-    seen = defaultdict(int)
+    all_ranks: list[int] = sorted({int(r) for r in calls.rank.tolist()})
+    wait: dict[int, float] = defaultdict(float)
+    caused: dict[int, float] = defaultdict(float)
+    last: dict[int, int] = defaultdict(int)
+    seen: dict[int, int] = defaultdict(int)
     for it in inst:
         ws = it.waits()
         for r, w in zip(it.ranks, ws, strict=True):
@@ -422,9 +422,9 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
         outside[r] = max(0.0, (r_hi - r_lo) - comm_s[r])
     rank_stats: list[RankStat] = []
     for r in all_ranks:
-        peers = [p for p in (peers_of(r) if peers_of is not None else all_ranks) if p != r and p in outside]
-        ref = float(np.median([outside[p] for p in peers])) if peers else float("nan")
-        ratio = outside[r] / ref if peers and ref > 0 else float("nan")
+        mates = [p for p in (peers_of(r) if peers_of is not None else all_ranks) if p != r and p in outside]
+        ref = float(np.median([outside[p] for p in mates])) if mates else float("nan")
+        ratio = outside[r] / ref if mates and ref > 0 else float("nan")
         rank_stats.append(RankStat(rank=r, comm_s=comm_s[r], outside_s=outside[r], wait_s=wait[r],
                                    caused_s=caused[r], last_fraction=last[r] / seen[r] if seen[r] else float("nan"),
                                    ratio=ratio))
@@ -550,19 +550,19 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
                                 instances=0, transfer_s=tr, transfer_per_byte=tr, ratio=ratio,
                                 slow=bool(ratio >= link_ratio)))
     culprits: list[Culprit] = []
-    waited = defaultdict(float)
+    waited: dict[int, float] = defaultdict(float)
     for per_rank in group_call_s.values():
         vals = {r: float(v) for r, v in per_rank.items() if v == v}
         if len(vals) >= 2:
             tr = min(vals.values())
             for r, v in vals.items():
                 waited[r] += v - tr
-    ranks_all = sorted(outside_s)
+    ranks_all: list[int] = sorted(int(r) for r in outside_s)
     stats = []
     for r in ranks_all:
-        peers = [p for p in (peers_of(r) if peers_of is not None else ranks_all) if p != r and p in outside_s]
-        ref = float(np.median([outside_s[p] for p in peers])) if peers else float("nan")
-        ratio = float(outside_s[r]) / ref if peers and ref > 0 else float("nan")
+        mates = [p for p in (peers_of(r) if peers_of is not None else ranks_all) if p != r and p in outside_s]
+        ref = float(np.median([outside_s[p] for p in mates])) if mates else float("nan")
+        ratio = float(outside_s[r]) / ref if mates and ref > 0 else float("nan")
         stats.append(RankStat(rank=r, comm_s=float("nan"), outside_s=float(outside_s[r]), wait_s=waited[r],
                               caused_s=float("nan"), last_fraction=float("nan"), ratio=ratio))
     for rs in stats:
