@@ -402,7 +402,7 @@ static int mode_suspend(void) {
     pthread_t th;
     pthread_create(&th, NULL, one_call, NULL);
     int seen = 0;
-    for (int i = 0; i < 2000 && !seen; i++) {
+    for (int i = 0; i < 20000 && !seen; i++) { /* generous: a loaded machine may not run the thread soon */
         seen = __atomic_load_n(&h->suspended, __ATOMIC_ACQUIRE) == 1;
         sleep_ms(1);
     }
@@ -442,7 +442,7 @@ static int mode_profile(void) {
     /* wait until a call comes out profiled (its record left pending): the pool is ready */
     struct failslow_record r;
     int ready = 0;
-    for (int i = 0; i < 100 && !ready; i++) {
+    for (int i = 0; i < 400 && !ready; i++) {
         uint64_t s = h->write_index + 1;
         ncclAllReduce(0, 0, 1, ncclFloat32, ncclSum, c, 0);
         ready = failslow_ring_try_read(h, s, &r) == FAILSLOW_READ_PENDING;
@@ -461,11 +461,11 @@ static int mode_profile(void) {
     if (now_ns() - t0 < 200000000LL)
         CHECK(rc1 == FAILSLOW_READ_PENDING, "record stays uncommitted until its GPU times are known");
     int done = 0;
-    for (int i = 0; i < 3000 && !done; i++) {
+    for (int i = 0; i < 20000 && !done; i++) {
         done = failslow_ring_try_read(h, w0 + 5, &r) == FAILSLOW_READ_OK;
         sleep_ms(1);
     }
-    CHECK(done, "resolved within 3 s");
+    CHECK(done, "resolved within 20 s");
     for (uint64_t s = w0 + 1; s <= w0 + 5; s++) {
         CHECK(failslow_ring_try_read(h, s, &r) == FAILSLOW_READ_OK, "read %lu", (unsigned long)s);
         CHECK(r.flags & FAILSLOW_F_GPU_TIMES, "GPU_TIMES flag (flags %x)", r.flags);
