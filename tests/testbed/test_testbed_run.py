@@ -96,7 +96,9 @@ def _slowest(rep: dict[str, Any]) -> list[tuple[float, float, float]]:
 
 def test_cpu_and_link_faults_at_run_time(tmp_path: Path) -> None:
     """Python API: inject a CPU fault, then a link fault, mid-run; both really act and slow their iterations."""
-    cfg = JobConfig(dp=2, pp=2, iterations=18, micro_batches=4)
+    # a higher job CPU weight than the default 2, as in the benchmark: when neighbours saturate the
+    # machine a starved rank gets little more than the quota anyway, and the CPU fault shows nothing
+    cfg = JobConfig(dp=2, pp=2, iterations=18, micro_batches=4, cpu_weight=8.0)
     observed: dict[str, Any] = {}
     with Testbed(cfg, run_dir=tmp_path / "run") as tb:
         tb.start()
