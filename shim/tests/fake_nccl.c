@@ -69,6 +69,11 @@ API ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUnique
     (void)cfg;
     return ncclCommInitRank(comm, nranks, id, rank);
 }
+API ncclResult_t ncclCommInitRankScalable(ncclComm_t *comm, int nranks, int rank, int nId, ncclUniqueId *ids,
+                                          ncclConfig_t *cfg) {
+    (void)nId, (void)ids, (void)cfg;
+    return mk(comm, nranks, rank, rank % 8);
+}
 API ncclResult_t ncclCommInitAll(ncclComm_t *comms, int ndev, const int *devlist) {
     for (int i = 0; i < ndev; i++) {
         ncclResult_t r = mk(&comms[i], ndev, i, devlist ? devlist[i] : i);

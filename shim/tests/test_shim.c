@@ -189,8 +189,22 @@ static int mode_basic(void) {
     struct readout o2 = read_all(h, 0);
     CHECK(o2.recs[o2.n - 2].comm == cid && o2.recs[o2.n - 2].comm_rank == 3, "same unique id, same comm id");
     CHECK(o2.recs[o2.n - 1].comm != cid, "different unique id, different comm id");
+    /* InitRankScalable: the id hashes all the unique ids, so two ranks given the same set agree */
+    ncclUniqueId ids[2];
+    memset(ids[0].internal, 0x31, sizeof ids[0].internal);
+    memset(ids[1].internal, 0x32, sizeof ids[1].internal);
+    ncclComm_t s1 = NULL, s2 = NULL;
+    CHECK(ncclCommInitRankScalable(&s1, 16, 3, 2, ids, NULL) == ncclSuccess, "scalable init");
+    CHECK(ncclCommInitRankScalable(&s2, 16, 9, 2, ids, NULL) == ncclSuccess, "scalable init");
+    CHECK(ncclCommAbort(c3) == ncclSuccess, "abort");
+    struct readout o3 = read_all(h, 0);
+    struct failslow_record *q = o3.recs + o3.n - 3;
+    CHECK(q[0].op == FAILSLOW_OP_COMM_INIT && q[1].op == FAILSLOW_OP_COMM_INIT && q[0].comm == q[1].comm &&
+              q[0].comm != cid && q[0].nranks == 16 && q[0].comm_rank == 3 && q[1].comm_rank == 9,
+          "scalable init events");
+    CHECK(q[2].op == FAILSLOW_OP_COMM_ABORT && q[2].comm == o2.recs[o2.n - 1].comm, "abort event");
     CHECK(h->dropped == 0 && h->overwritten == 0, "counters");
-    (void)c2, (void)c3;
+    (void)c2;
     printf("basic: %zu records checked\n", o.n);
     return 0;
 }

@@ -320,6 +320,11 @@ def test_shim_dump_cli(tmp_path: Path, failslow_cmd: list[str]) -> None:
     hdrs = subprocess.run([*failslow_cmd, "shim-dump", "--dir", str(tmp_path), "--headers"], capture_output=True,
                           text=True, check=True).stdout.splitlines()
     assert json.loads(hdrs[0])["write_index"] == 2
+    w2 = RingWriter.create(directory=tmp_path, capacity=16, pid=os.getpid() + 1_000_000, tag="torch")
+    w2.append(Op.RECV, 0x99, 2, 1, 0, 8, 32, 7, 300)
+    only = subprocess.run([*failslow_cmd, "shim-dump", "--dir", str(tmp_path), "--pid", str(os.getpid() + 1_000_000)],
+                          capture_output=True, text=True, check=True).stdout.splitlines()
+    assert [json.loads(x)["op"] for x in only] == ["Recv"]  # --pid selects tagged rings too
     bad = subprocess.run([*failslow_cmd, "shim-dump", "--dir", str(tmp_path / "nope")], capture_output=True,
                          text=True)
     assert bad.returncode == 2
@@ -328,4 +333,4 @@ def test_shim_dump_cli(tmp_path: Path, failslow_cmd: list[str]) -> None:
     partial = subprocess.run([*failslow_cmd, "shim-dump", "--dir", str(tmp_path)], capture_output=True, text=True)
     assert partial.returncode == 1
     assert "failslow-1.ring" in partial.stderr
-    assert len(partial.stdout.splitlines()) == 2
+    assert len(partial.stdout.splitlines()) == 3
