@@ -76,7 +76,10 @@ def run(args: argparse.Namespace) -> int:
             recs = rows[it]
             losses = [r["loss"] for r in recs.values() if r.get("loss") is not None]
             loss = f"{statistics.fmean(losses):8.3f}" if losses else " " * 8
-            active = [f.spec.split(",start_iter")[0] for f in tb_ref[0].faults if f.active] if tb_ref else []
+            # link/cpu faults act at once; trainer faults from the iteration the ranks report them in
+            active = [f.spec.split(",start_iter")[0] for f in tb_ref[0].faults
+                      if f.active and f.kind in ("link", "cpu")] if tb_ref else []
+            active += sorted({fid.split("@")[0] for r in recs.values() for fid in r.get("faults", [])})
             slow = max(r["dt"] for r in recs.values())
             bar = "#" * min(40, int(slow / 0.05))
             print(f"{it:5d} " + "".join(f"{recs[r]['dt']:8.3f}" for r in range(w)) +

@@ -682,9 +682,12 @@ class Testbed:
         # trainer faults act from the iteration the control snapshot applies at, not from the moment
         # the launcher wrote it: report that onset (and end), the ground truth detection is scored on
         ep = dict(ep)
+        last_end = max((r["end_unix"] for recs in self.records.values() for r in recs), default=None)
         for key, it_key in (("start_unix_s", "start_iter"), ("end_unix_s", "end_iter")):
             if ep.get(it_key) is not None:
                 t = self._iteration_start_unix(ep[it_key])
+                if t is None and last_end is not None:
+                    t = last_end  # switches at an iteration the job never reached: it held to the end
                 if t is not None:
                     ep[key] = t
         return ep
