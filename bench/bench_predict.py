@@ -25,6 +25,8 @@ TITLE = "Throughput prediction (failslow predict)"
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "docs" / "data" / "predict-measured.json"
 CALIBRATION = sorted((ROOT / "docs" / "data").glob("predict-calibration-*.json"))
+# Further sweeps taken with the same code and defaults after the test sweep (no change in between).
+REPEATS = sorted((ROOT / "docs" / "data").glob("predict-measured-*.json"))
 PLOT = ROOT / "docs" / "predict-accuracy.png"
 ARCHS = ("ring", "ps-sync", "ps-async")
 MODELS = ("coarse", "fine")
@@ -59,13 +61,19 @@ def selection_table(test: dict[str, Any], calibration: list[dict[str, Any]]) -> 
     """Mean/max |error| of each link-model variant on the calibration sweeps and on the test sweep."""
     cols = [f"calibration {i + 1}" for i in range(len(calibration))] + ["test"]
     lines = ["| arch | model | link | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
-    for arch, model, link in SELECTION:
+    return lines + _rows(SELECTION, [*calibration, test], mark_defaults=True)
+
+
+def _rows(variants: tuple[tuple[str, str, str | None], ...], docs: list[dict[str, Any]],
+          mark_defaults: bool = False) -> list[str]:
+    lines = []
+    for arch, model, link in variants:
         cells = []
-        for doc in [*calibration, test]:
+        for doc in docs:
             e = np.abs(_errors(doc, arch, model, link))
             cells.append(f"{100 * e.mean():.1f}% / {100 * e.max():.1f}%")
-        mark = " (default)" if DEFAULTS.get((arch, model)) == link else ""
-        lines.append(f"| {arch} | {model} | {link}{mark} | " + " | ".join(cells) + " |")
+        mark = " (default)" if mark_defaults and DEFAULTS.get((arch, model)) == link else ""
+        lines.append(f"| {arch} | {model} | {link or 'default'}{mark} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -180,6 +188,15 @@ def run() -> str:
             lines += ["", f"Run-to-run spread of the measurement itself ({doc.get('repeats')} runs per point, "
                       f"shuffled order, shared machine): coefficient of variation mean {100 * np.mean(spread):.1f}%, "
                       f"max {100 * np.max(spread):.1f}%."]
+        if REPEATS:
+            reps = [json.loads(f.read_text()) for f in REPEATS]
+            defaults = tuple((a, m, None) for a in ARCHS for m in MODELS)
+            lines += ["", "### The same defaults on a repeat sweep", "",
+                      "Taken after the test sweep with no change to code or defaults ("
+                      + ", ".join(f"`{f.relative_to(ROOT)}`" for f in REPEATS)
+                      + "). Cells: mean / max |error| over K = 1…8.", "",
+                      "| arch | model | link | test | " + " | ".join(f"repeat {i + 1}" for i in range(len(reps)))
+                      + " |", "|---|---|---|---|" + "---|" * len(reps), *_rows(defaults, [doc, *reps])]
         if CALIBRATION:
             cal = [json.loads(f.read_text()) for f in CALIBRATION]
             lines += ["", "### How the default link models were chosen", "",
