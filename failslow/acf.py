@@ -296,10 +296,11 @@ def estimate_period(
         if best_mis <= SYMBOL_PERIODIC:
             allowed[1:] = mis[1:] <= best_mis + SYMBOL_SLACK
             sym_conf = 1.0 - best_mis
-        elif best_mis <= 0.5:
-            # Structured but no lag repeats it: the period is longer than this stretch can show.
+        else:
+            # Calls differ but no lag repeats them: the period is longer than this stretch can show
+            # (a young stream). Falling back to the gaps here would return a lag the symbols already
+            # contradict (e.g. 1 call per iteration), so there is no estimate yet.
             return None
-        # else the symbols look random: rely on the gaps alone
     z = gap_signal(t)
     if z is not None and allowed[1:].all():
         # Timing alone: a chance fit of a long template to jitter is likely with few repeats, so a

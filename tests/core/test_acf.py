@@ -180,3 +180,14 @@ def test_batched_calls_with_zero_gaps_do_not_inflate_the_period(seed: int) -> No
         res = infer_iterations(t, *feats)
         assert res.period == 2 * tr.period[0]
     assert abs(np.median(res.iteration_s) / np.median(tr.iteration_s) - 1) < 0.05
+
+
+@pytest.mark.parametrize("chunk", [1, 3, 7])
+def test_small_polls_of_a_young_stream_do_not_lock_on_one_call_per_iteration(chunk: int) -> None:
+    # The live exporter reads a few records per poll. A stretch of a handful of different calls has
+    # no repeating lag yet; that must mean "no estimate", not "1 call per iteration" (which the symbol
+    # check then keeps contradicting and restarting, forever).
+    tr = ps.generate([ps.pp_1f1b(0, 2, 2, dp_allreduce=True)], [40], seed=2)
+    res = infer_iterations(tr.t_start, tr.op, tr.comm, tr.nbytes, chunk=chunk)
+    assert res.period == 5 and res.periods[-1] == 5
+    assert len(res.iteration_s) >= 30
