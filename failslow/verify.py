@@ -46,6 +46,8 @@ class VerifyConfig:
         n_max: Samples after which an unconfirmed candidate is dropped.
         before: Samples before the candidate used for the level before.
         min_before: Fewer samples than this since the last confirmed change: not a candidate.
+        consistency: Quantile of the new regime's samples that must already be half the threshold past
+            the level before (see ``_consistent``): the whole regime moved, not just its median.
     """
 
     threshold: float = 0.10
@@ -54,6 +56,7 @@ class VerifyConfig:
     n_max: int = 16
     before: int = 32
     min_before: int = 5
+    consistency: float = 0.25
 
     def __post_init__(self) -> None:
         if self.threshold < 0.0:
@@ -64,6 +67,8 @@ class VerifyConfig:
             raise InputError("need 1 <= n_min <= n_max")
         if self.before < 2 or self.min_before < 1:
             raise InputError("before must be >= 2 and min_before >= 1")
+        if not 0.0 <= self.consistency <= 0.5:
+            raise InputError("consistency must be in [0, 0.5]")
 
     @property
     def history(self) -> int:
@@ -109,6 +114,24 @@ def _nanmedian_rows(a: FloatArray) -> FloatArray:
     hi = s[r, n[r] // 2]
     out[r] = 0.5 * (lo + hi)
     return out
+
+
+def _consistent(after: FloatArray, mb: FloatArray, ma: FloatArray, threshold: float, q: float) -> NDArray[np.bool_]:
+    """Whether the new regime is shifted as a whole, not just its median.
+
+    For a rise, the ``q`` quantile of the samples after the change must already sit 60 % of the threshold
+    above the level before (for a fall, the ``1 - q`` quantile as far below). Heavy-tailed
+    jitter can lift the median of five samples by 10 % with three outliers; it cannot lift four of them.
+    """
+    n = np.sum(~np.isnan(after), axis=1)
+    srt = np.sort(after, axis=1)  # NaN last
+    k = np.floor(q * np.maximum(n - 1, 0)).astype(np.int64)
+    rows = np.arange(after.shape[0])
+    low = srt[rows, np.clip(k, 0, after.shape[1] - 1)]
+    high = srt[rows, np.clip(n - 1 - k, 0, after.shape[1] - 1)]
+    margin = 0.6 * threshold * np.abs(mb)
+    with np.errstate(invalid="ignore"):
+        return np.where(ma > mb, low >= mb + margin, high <= mb - margin) & (n > 0)
 
 
 @dataclass
@@ -159,7 +182,7 @@ class _BOCDBase:
         self.t = int(state["t"])
 
     def _levels(self, rows: IntArray, c: IntArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray,
-                                                              FloatArray]:
+                                                              FloatArray, FloatArray]:
         """Medians before/after candidate starts ``c``, their sample counts and the spread before."""
         v = self.verify
         t = self.t
@@ -170,7 +193,7 @@ class _BOCDBase:
         nb = np.sum(~np.isnan(before), axis=1).astype(np.float64)
         na = np.sum(~np.isnan(after), axis=1).astype(np.float64)
         mad = _nanmedian_rows(np.abs(before - mb[:, None]))
-        return mb, ma, nb, na, mad
+        return mb, ma, nb, na, mad, after
 
     def _verdict(self, changed: NDArray[np.bool_], index: IntArray, prob: FloatArray, lb: FloatArray,
                  la: FloatArray) -> BatchVerdict:
@@ -287,13 +310,14 @@ class VerifiedBOCD(_BOCDBase):
         la = np.full(s, np.nan)
         if cand.any():
             rows = np.flatnonzero(cand)
-            mb, ma, nb, na, mad = self._levels(rows, c[rows])
+            mb, ma, nb, na, mad, after = self._levels(rows, c[rows])
             sigma = np.maximum(1.4826 * mad, self.bocd.scale_floor * np.abs(mb))
             diff = np.abs(ma - mb)
             with np.errstate(invalid="ignore", divide="ignore"):
                 se = sigma * np.sqrt(1.0 / np.maximum(na, 1.0) + 1.0 / np.maximum(nb, 1.0))
                 ok = ((na >= v.n_min) & (nb >= v.min_before) & (diff >= v.threshold * np.abs(mb))
-                      & (diff >= v.z * se) & (diff > 0))
+                      & (diff >= v.z * se) & (diff > 0)
+                      & _consistent(after, mb, ma, v.threshold, v.consistency))
             hit = rows[ok]
             changed[hit] = True
             index[hit] = c[hit]
@@ -348,7 +372,7 @@ class PlainBOCD(_BOCDBase):
         la = np.full(s, np.nan)
         if new.any():
             rows = np.flatnonzero(new)
-            mb, ma, _, _, _ = self._levels(rows, c[rows])
+            mb, ma, _, _, _, _ = self._levels(rows, c[rows])
             ok = ~np.isnan(mb) & ~np.isnan(ma)
             hit = rows[ok]
             changed[hit] = True
@@ -365,7 +389,8 @@ class PlainBOCD(_BOCDBase):
 Change = tuple[int, int, float, float, float]  # (detected_at, index, probability, level_before, level_after)
 
 
-def _levels_1d(x: FloatArray, t: int, start: int, c: int, v: VerifyConfig) -> tuple[float, float, int, int, float]:
+def _levels_1d(x: FloatArray, t: int, start: int, c: int,
+               v: VerifyConfig) -> tuple[float, float, int, int, float, FloatArray]:
     width = v.history
     lo = max(start, c - v.before, t - width + 1, 0)
     before = x[lo:c][None, :]
@@ -375,7 +400,7 @@ def _levels_1d(x: FloatArray, t: int, start: int, c: int, v: VerifyConfig) -> tu
     nb = int(np.sum(~np.isnan(before)))
     na = int(np.sum(~np.isnan(after)))
     mad = float(_nanmedian_rows(np.abs(before - mb))[0]) if before.shape[1] else float("nan")
-    return mb, ma, nb, na, mad
+    return mb, ma, nb, na, mad, after
 
 
 def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = None,
@@ -424,12 +449,13 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
             ref += max(1.0 / ref_n, bcfg.ew) * (float(xt) - ref)
         if not is_cand:
             continue
-        mb, ma, nb, na, mad = _levels_1d(xs, t, start, c, v)
+        mb, ma, nb, na, mad, after = _levels_1d(xs, t, start, c, v)
         sigma = max(1.4826 * mad, bcfg.scale_floor * abs(mb))
         diff = abs(ma - mb)
         se = sigma * float(np.sqrt(1.0 / max(na, 1) + 1.0 / max(nb, 1)))
         if na >= v.n_min and nb >= v.min_before and diff >= v.threshold * abs(mb) and diff >= v.z * se \
-                and diff > 0:
+                and diff > 0 and bool(_consistent(after, np.array([mb]), np.array([ma]), v.threshold,
+                                                  v.consistency)[0]):
             out.append((t, c, prob, mb, ma))
             start = c
             ref = ma
@@ -451,7 +477,7 @@ def plain_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = None,
         if c <= last:
             continue
         last = c
-        mb, ma, _, _, _ = _levels_1d(xs, t, start, c, v)
+        mb, ma, _, _, _, _ = _levels_1d(xs, t, start, c, v)
         if mb == mb and ma == ma:
             out.append((t, c, float(tr.probability[t]), mb, ma))
             start = c
