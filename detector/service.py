@@ -87,8 +87,15 @@ class Detector:
     # ------------------------------------------------------------------ one poll
     def _samples(self) -> tuple[dict[Key, float], dict[Key, dict[str, str]], float | None]:
         metric = self.settings.metric
-        values = self.prom.query(metric)
-        stamps = self.prom.query(f"timestamp({metric})")
+        # Only job and rank come back with every poll (a third of the JSON at 16k ranks); the other
+        # labels (node, dp/pp/tp rank) are fetched once, when a series is new.
+        values = self.prom.query(f"max by (job, rank) ({metric})")
+        stamps = self.prom.query(f"max by (job, rank) (timestamp({metric}))")
+        if any((s.labels.get("job", ""), s.labels.get("rank", "")) not in self.engine.labels for s in values):
+            values_full = {(s.labels.get("job", ""), s.labels.get("rank", "")): s.labels
+                           for s in self.prom.query(metric)}
+        else:
+            values_full = {}
         ts_of = {(s.labels.get("job", ""), s.labels.get("rank", "")): s.value for s in stamps}
         samples: dict[Key, float] = {}
         labels: dict[Key, dict[str, str]] = {}
@@ -105,7 +112,8 @@ class Detector:
             if new and stamp == stamp:
                 fresh.append(stamp)
             if key not in self.engine.labels:
-                labels[key] = {k: v for k, v in s.labels.items() if k != "__name__"}
+                full = values_full.get(key, s.labels)
+                labels[key] = {k: v for k, v in full.items() if k != "__name__"}
         return samples, labels, (float(sorted(fresh)[len(fresh) // 2]) if fresh else None)
 
     def poll_once(self) -> bool:
