@@ -18,7 +18,7 @@ test: bootstrap
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 demo: bootstrap
-	$(VENV)/bin/failslow testbed demo
+	$(VENV)/bin/failslow demo
 
 bench: bootstrap
 	$(PY) -m bench

@@ -13,7 +13,6 @@ Alertmanager on loopback:
 from __future__ import annotations
 
 import statistics
-import sys
 import threading
 import time
 from http.server import ThreadingHTTPServer
@@ -21,15 +20,16 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "alerting"))
 
 TITLE = "Alerting: fault → remediator webhook latency"
 JOBS = 4
 
 
 def _chain(tmp: Path) -> tuple[list[float], dict[str, str]]:
-    from alerting_path import _shipped_settings
-    from alerting_stack import (
+    from prometheus_client import CollectorRegistry, Gauge, MetricsHandler
+
+    from failslow_cli.stack.alert_path import _shipped_settings
+    from failslow_cli.stack.processes import (
         WebhookReceiver,
         alertmanager,
         free_port,
@@ -37,7 +37,6 @@ def _chain(tmp: Path) -> tuple[list[float], dict[str, str]]:
         render_alertmanager,
         render_prometheus,
     )
-    from prometheus_client import CollectorRegistry, Gauge, MetricsHandler
 
     reg = CollectorRegistry()
     flag = Gauge("failslow_detector_failslow", "fail-slow", ["job"], registry=reg)
@@ -82,7 +81,7 @@ def _chain(tmp: Path) -> tuple[list[float], dict[str, str]]:
 
 def run() -> str:
     """Measure both; return the Markdown section."""
-    from alerting_path import run_alert_path
+    from failslow_cli.stack.alert_path import run_alert_path
 
     with TemporaryDirectory(prefix="bench-alerting-") as d:
         lat, s = _chain(Path(d))

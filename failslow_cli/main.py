@@ -36,6 +36,8 @@ COMMANDS: dict[str, str] = {
     "predict": "failslow_cli.cmd_predict",
     # testbed
     "testbed": "failslow_cli.cmd_testbed",
+    # the whole loop
+    "demo": "failslow_cli.cmd_demo",
 }
 
 

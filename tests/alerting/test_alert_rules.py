@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 import yaml
-from alerting_stack import (
+
+from failslow_cli.stack.processes import (
     PROMETHEUS_DIR,
     PROMTOOL,
     RUNBOOKS_DIR,

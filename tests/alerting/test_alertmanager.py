@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 import requests
-from alerting_stack import (
+
+from failslow_cli.stack.processes import (
     ALERTMANAGER_DIR,
     AMTOOL,
     alertmanager,

@@ -26,7 +26,11 @@ from typing import Any
 import pytest
 import requests
 import yaml
-from alerting_stack import (
+from prometheus_client import CollectorRegistry, MetricsHandler
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+
+from failslow.catalogue import CATALOGUE, by_name
+from failslow_cli.stack.processes import (
     GRAFANA_DIR,
     PROMETHEUS_DIR,
     RUNBOOKS_DIR,
@@ -36,10 +40,6 @@ from alerting_stack import (
     recording_rules,
     render_prometheus,
 )
-from prometheus_client import CollectorRegistry, MetricsHandler
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
-
-from failslow.catalogue import CATALOGUE, by_name
 
 DASHBOARDS = sorted((GRAFANA_DIR / "dashboards").glob("*.json"))
 # $__rate_interval: Grafana's is >= 4 scrape intervals; 30s keeps rate() fed when a loaded machine delays

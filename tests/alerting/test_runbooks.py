@@ -5,7 +5,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from alerting_stack import RUNBOOKS_DIR, alert_rules
+
+from failslow_cli.stack.processes import RUNBOOKS_DIR, alert_rules
 
 ALERTS = sorted(r["alert"] for r in alert_rules())
 SECTIONS = ("Meaning", "Impact", "Diagnosis", "Mitigation")

@@ -17,13 +17,11 @@ A test that depends on other engineers' load would fail at random; see docs/aler
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "alerting"))
-from alerting_path import run_alert_path
+from failslow_cli.stack.alert_path import run_alert_path
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 

@@ -22,7 +22,7 @@ from typing import Any
 import requests
 import yaml
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[2]  # failslow_cli/stack/ -> repo
 PROMETHEUS_DIR = REPO / "prometheus"
 ALERTMANAGER_DIR = REPO / "alertmanager"
 GRAFANA_DIR = REPO / "grafana"

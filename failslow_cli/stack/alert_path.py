@@ -20,7 +20,8 @@ from typing import Any
 
 import requests
 import yaml
-from alerting_stack import (
+
+from failslow_cli.stack.processes import (
     ALERTMANAGER_DIR,
     PROMETHEUS_DIR,
     Webhook,
@@ -160,7 +161,8 @@ DEFAULT_FAULT = "gc:rank=3,every=1,pause=0.4"
 def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_FAULT, fault_rank: int = 3,
                    warmup_s: float = 40.0, fault_s: float = 40.0, max_after_s: float = 100.0,
                    iterations: int = 2000, poll_s: float = 5.0, wait_resolved: bool = True,
-                   max_detect_s: float = 120.0, say: Callable[[str], None] | None = None) -> AlertPathResult:
+                   max_detect_s: float = 120.0, say: Callable[[str], None] | None = None,
+                   on_testbed_line: Callable[[str], None] | None = None) -> AlertPathResult:
     """Start everything, inject `fault` (on `fault_rank`) after `warmup_s` of training for `fault_s`.
 
     With `wait_resolved`, returns once the job's FailSlowDetected group resolved, or `max_after_s` after the
@@ -168,6 +170,8 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
     further suspects) or `max_detect_s` after the fault started. The job is given more iterations than it
     can run and is stopped (SIGTERM) at the end. `say`, when given, is told where the UIs listen, when the
     fault switches, and every notification as Alertmanager delivers it (the demo mode of `main`).
+    `on_testbed_line`, when given, makes the job print one line per rank and iteration (`--progress`) and
+    receives every line the job prints (`failslow demo` draws its per-rank table from them).
     """
     job = f"alertpath{os.getpid()}"
     token = secrets.token_hex(16)
@@ -228,7 +232,8 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
 
         tb = subprocess.Popen([*cli, "testbed", "run", "--dp", str(dp), "--pp", str(pp), "--iterations",
                                str(iterations), "--torch-hook", "--ring-dir", str(rings), "--job", job,
-                               "--inject", spec, "--report", str(tmp / "report.json")],
+                               "--inject", spec, "--report", str(tmp / "report.json"),
+                               *(["--progress"] if on_testbed_line is not None else [])],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
         stack.callback(_stop, tb)
@@ -238,6 +243,8 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
             assert tb.stdout is not None
             for line in tb.stdout:
                 lines.append(line)
+                if on_testbed_line is not None:
+                    on_testbed_line(line)
                 if say is not None and ("fault on" in line or "fault off" in line):
                     say(f"[{time.time() - t_start:6.1f}s] {line.strip()}")
                 if "fault on:" in line and res.fault_start is None:
