@@ -131,7 +131,10 @@ class Detector:
             log.warning("prometheus unavailable: %s", exc)
             return False
         self.metrics.prom_up.set(1)
-        changes = self.engine.step(now, samples, labels, sample_ts)
+        # Nothing new anywhere (Prometheus restarting, the exporter away): no step, rather than a column
+        # of missing samples that would push the real ones out of the verification windows.
+        fresh = any(v == v for v in samples.values())
+        changes = self.engine.step(now, samples, labels, sample_ts) if fresh or not samples else []
         for ch in changes:
             self._on_change(ch)
         for ev in self.engine.jobs.values():

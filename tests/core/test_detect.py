@@ -10,11 +10,11 @@ from failslow.errors import InputError
 from failslow.evaluate import evaluate, score_job, score_method
 from failslow.synthetic import POSITIVE, SCENARIOS, generate_job
 
-JOBS_PER_CELL = 6
+JOBS_PER_CELL = 4
 
 
 def _jobs(scenario: str, seed: int = 100) -> list:
-    return [generate_job(seed + k * 7919, scenario, n=1500) for k in range(JOBS_PER_CELL)]
+    return [generate_job(seed + k * 7919, scenario, n=1000) for k in range(JOBS_PER_CELL)]
 
 
 @pytest.mark.parametrize("scenario", list(SCENARIOS))
