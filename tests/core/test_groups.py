@@ -107,7 +107,7 @@ def test_healthy_job_has_no_culprit() -> None:
     lay = Layout(dp=4, pp=2, ranks_per_node=2)
     a = analyse(simulate(lay), node_of=lay.node_of, peers_of=_dp_peers(lay), group_role=_role(lay))
     assert a.culprits == []
-    assert {g.kind.split(":")[0] for g in a.groups} == {"coll", "p2p"}
+    assert {g.kind.split(":")[0] for g in a.groups} == {"coll", "fwd"}
 
 
 def test_wait_and_transfer_split() -> None:
