@@ -131,7 +131,8 @@ def _consistent(after: FloatArray, mb: FloatArray, ma: FloatArray, threshold: fl
     high = srt[rows, np.clip(n - 1 - k, 0, after.shape[1] - 1)]
     margin = 0.6 * threshold * np.abs(mb)
     with np.errstate(invalid="ignore"):
-        return np.where(ma > mb, low >= mb + margin, high <= mb - margin) & (n > 0)
+        shifted: NDArray[np.bool_] = np.where(ma > mb, low >= mb + margin, high <= mb - margin) & (n > 0)
+    return shifted
 
 
 @dataclass
