@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -141,39 +141,32 @@ def _wait_ready(svc: Service, path: str, timeout: float) -> None:
 
 
 @contextmanager
-def prometheus(config: Path, port: int, *, timeout: float = 30.0) -> Iterator[Service]:
+def _http_daemon(argv: list[str], config: Path, port: int, name: str, timeout: float) -> Iterator[Service]:
+    """Start a Prometheus-family daemon logging next to `config`, wait for /-/ready, stop it on exit."""
+    require_binary(argv[0])
+    log = config.parent / f"{name}.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=config.parent)
+    svc = Service(proc, f"http://127.0.0.1:{port}", log)
+    try:
+        _wait_ready(svc, "/-/ready", timeout)
+        yield svc
+    finally:
+        svc.stop()
+
+
+def prometheus(config: Path, port: int, *, timeout: float = 30.0) -> AbstractContextManager[Service]:
     """Run /usr/bin/prometheus on 127.0.0.1:`port` with `config`, its TSDB next to the config."""
-    require_binary(PROMETHEUS)
-    log = config.parent / "prometheus.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={config.parent / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-            stdout=out, stderr=subprocess.STDOUT, cwd=config.parent)
-    svc = Service(proc, f"http://127.0.0.1:{port}", log)
-    try:
-        _wait_ready(svc, "/-/ready", timeout)
-        yield svc
-    finally:
-        svc.stop()
+    return _http_daemon([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={config.parent / 'data'}",
+                         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
+                        config, port, "prometheus", timeout)
 
 
-@contextmanager
-def alertmanager(config: Path, port: int, *, timeout: float = 30.0) -> Iterator[Service]:
+def alertmanager(config: Path, port: int, *, timeout: float = 30.0) -> AbstractContextManager[Service]:
     """Run prometheus-alertmanager on 127.0.0.1:`port` (clustering off), data next to the config."""
-    require_binary(ALERTMANAGER)
-    log = config.parent / "alertmanager.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [ALERTMANAGER, f"--config.file={config}", f"--storage.path={config.parent / 'am-data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-            stdout=out, stderr=subprocess.STDOUT, cwd=config.parent)
-    svc = Service(proc, f"http://127.0.0.1:{port}", log)
-    try:
-        _wait_ready(svc, "/-/ready", timeout)
-        yield svc
-    finally:
-        svc.stop()
+    return _http_daemon([ALERTMANAGER, f"--config.file={config}", f"--storage.path={config.parent / 'am-data'}",
+                         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+                        config, port, "alertmanager", timeout)
 
 
 def alert_rules() -> list[dict[str, Any]]:
