@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fault", default="gc:rank=3,every=1,pause=0.4",
                    help="fault spec without schedule (default: 0.4 s pause every iteration on rank 3)")
     p.add_argument("--warmup", type=float, default=40.0, help="healthy seconds before the fault")
-    p.add_argument("--fault-for", type=float, default=45.0, help="seconds the fault stays on")
+    p.add_argument("--fault-for", type=float, default=60.0,
+                   help="seconds the fault stays on (detection takes ~55 s with the shipped settings)")
     p.add_argument("--after", type=float, default=90.0, help="at most this long to wait for the resolution")
     p.add_argument("--keep", default=None, help="keep logs and configs in this directory")
 
