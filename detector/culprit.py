@@ -8,7 +8,8 @@ Queries (``W`` = the slow period so far, capped by ``culprit_window_s``):
 * ``failslow_comm_info{job=J}``: the parallel role of each communicator, so only like groups are compared.
 
 Then :func:`failslow.groups.analyse_aggregates` names the suspects; peers of a rank are the ranks with the
-same ``pp_rank``/``tp_rank`` labels (its data-parallel group) and nodes come from the ``node`` label.
+same ``pp_rank``/``tp_rank`` labels (its data-parallel group), stages come from ``pp_rank`` (a whole slow
+stage is named rank by rank) and nodes from the ``node`` label.
 """
 
 from __future__ import annotations
@@ -74,15 +75,34 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
         for g in groups.values():
             for rr in g:
                 node_of.setdefault(rr, -1)
-    analysis = analyse_aggregates(outside, groups, group_kind=kinds, node_of=node_of, peers_of=peers)
+    stage_of: dict[int, int] = {}
+    for r, lab in rank_labels.items():
+        if lab.get("pp_rank", "").isdigit():
+            stage_of[r] = int(lab["pp_rank"])
+    # Stages are compared only when every rank's stage is known (a partial map would mis-pool ranks).
+    use_stages = bool(outside) and all(r in stage_of for r in outside) and len(set(stage_of.values())) > 1
+    analysis = analyse_aggregates(outside, groups, group_kind=kinds, node_of=node_of, peers_of=peers,
+                                  stage_of=stage_of if use_stages else None)
     return analysis, {i: n for n, i in node_ids.items()}
 
 
-def suspects(analysis: Analysis, names: dict[int, str], limit: int) -> list[dict[str, Any]]:
-    """The top culprits as JSON-able dicts with the labels of the suspect metric."""
-    out = []
-    for c in analysis.culprits[:limit]:
+def suspects(analysis: Analysis, names: dict[int, str], limit: int,
+             rank_nodes: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """The top culprits as JSON-able dicts with the labels of the suspect metric.
+
+    A stage suspect becomes one compute suspect per rank of the stage (``rank_nodes`` gives their node
+    names), within the same ``limit``.
+    """
+    out: list[dict[str, Any]] = []
+    for c in analysis.culprits:
+        if c.stage is not None:
+            # A whole pipeline stage: one compute suspect per rank of it, so the label set stays
+            # (job, kind, rank, node) and alerts name ranks as for any compute suspect.
+            for r in c.ranks:
+                out.append({"kind": c.kind, "rank": str(r), "node": (rank_nodes or {}).get(r, ""),
+                            "confidence": c.confidence, "evidence": c.evidence})
+            continue
         node = names.get(c.node, "") if c.node is not None else ""
         out.append({"kind": c.kind, "rank": "" if c.rank is None else str(c.rank), "node": node,
                     "confidence": c.confidence, "evidence": c.evidence})
-    return out
+    return out[:limit]

@@ -186,7 +186,8 @@ class Detector:
                 log.exception("culprit analysis for %s failed", job)
                 self._culprit_due[job] = self.settings.culprit_every
                 continue
-            ev.suspects = suspects(analysis, names, self.settings.max_suspects)
+            ev.suspects = suspects(analysis, names, self.settings.max_suspects,
+                                   {r: lab.get("node", "") for r, lab in ranks.items()})
             self._culprit_due[job] = self.settings.culprit_every
             self._dirty.add(job)
             self._show(ev)

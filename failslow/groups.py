@@ -22,6 +22,13 @@ from ``a`` and split the same way. Then:
   its collectives; its victims spend the extra time *inside* calls (waiting), so their time outside
   calls stays normal. A rank is a suspect when its time outside calls is at least ``compute_ratio``
   (1.1×) the median of its peers.
+* **stage suspects** (a compute suspect naming a whole pipeline stage): when every data-parallel rank of
+  a stage is slow alike (a stage holding too many layers, longer sequences on one stage), comparing ranks
+  with their DP peers sees nothing. Stages are compared with each other instead: the time outside calls
+  of the stage's *fastest* rank, per unit of work the stage holds (layers, when known), against the
+  median of the other stages. A stage at least ``stage_ratio`` (1.2×) the others is named with all its
+  ranks; how much of the p2p waiting between it and its neighbours is theirs (they wait in receives for
+  its sends) is part of the evidence and the confidence.
 
 Each culprit comes with the evidence used and a confidence in [0, 1].
 """
@@ -198,9 +205,11 @@ def match_instances(calls: Calls) -> list[Instance]:
         if len(rks) < max(size, 2):
             continue  # not every member is visible: cannot tell who waited for whom
         rks.sort()
-        k_max = min(len(coll[(comm, r)]) for r in rks)
+        lists = [coll[(comm, r)] for r in rks]
+        offs = _align([calls.end[np.asarray(li)] for li in lists])
+        k_max = min(len(li) - o for li, o in zip(lists, offs, strict=True))
         for k in range(k_max):
-            idx = [coll[(comm, r)][k] for r in rks]
+            idx = [li[k + o] for li, o in zip(lists, offs, strict=True)]
             out.append(Instance(group=("coll", comm), ranks=tuple(rks),
                                 start=tuple(float(calls.start[i]) for i in idx),
                                 end=tuple(float(calls.end[i]) for i in idx),
@@ -214,6 +223,31 @@ def match_instances(calls: Calls) -> list[Instance]:
                                 end=(float(calls.end[si]), float(calls.end[ri])),
                                 nbytes=int(calls.nbytes[si]), op=SEND))
     return out
+
+
+def _align(ends: list[NDArray[np.float64]], max_shift: int = 3) -> list[int]:
+    """Per member of a communicator, how many of its first calls to skip so the k-th calls are one instance.
+
+    A window cut between a fast member's call and a slow member's call of the same instance leaves the
+    slow member one call ahead in the window; matching by position would then pair every call with the
+    next instance's and make the fast member look like the last to arrive. Every member leaves a
+    collective at about the same time (when the data is complete), so the shift that lines up exit
+    times is the right one.
+    """
+    ref = ends[0]
+    shifts = [0]
+    for e in ends[1:]:
+        best, best_cost = 0, float("inf")
+        for d in sorted(range(-max_shift, max_shift + 1), key=abs):
+            lo, hi = max(0, -d), min(ref.shape[0], e.shape[0] - d)
+            if hi - lo < 1:
+                continue
+            cost = float(np.median(np.abs(e[lo + d:hi + d] - ref[lo:hi])))
+            if cost < best_cost * 0.5 or (best_cost == float("inf")):
+                best, best_cost = d, cost
+        shifts.append(best)
+    low = min(shifts)
+    return [d - low for d in shifts]
 
 
 # --------------------------------------------------------------------------- analysis
@@ -276,6 +310,8 @@ class Culprit:
         ranks: Ranks involved (the rank itself, or the members of the slow groups).
         confidence: 0..1.
         evidence: Figures behind the verdict, for humans and metrics.
+        stage: The pipeline stage, for a compute suspect that is a whole stage (``rank`` is then None and
+            ``ranks`` holds the stage's ranks).
     """
 
     kind: str
@@ -284,6 +320,7 @@ class Culprit:
     ranks: tuple[int, ...]
     confidence: float
     evidence: dict[str, Any] = field(default_factory=dict)
+    stage: int | None = None
 
 
 @dataclass
@@ -325,7 +362,9 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
             peers_of: Callable[[int], Sequence[int]] | None = None,
             group_role: Callable[[tuple[int, ...]], str] | None = None,
             link_ratio: float = 1.1, compute_ratio: float = 1.1, min_instances: int = 3,
-            z: float = 3.0, min_share: float = 0.05) -> Analysis:
+            z: float = 3.0, min_share: float = 0.05,
+            stage_of: Callable[[int], int] | Mapping[int, int] | None = None,
+            stage_work: Mapping[int, float] | None = None, stage_ratio: float = 1.2) -> Analysis:
     """Name compute and link culprits from call timings.
 
     Args:
@@ -342,9 +381,14 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
         min_share: A suspect's excess (extra time outside calls of a rank; extra transfer time of a group,
             summed over its instances) must be at least this share of the window: a culprit has to
             explain a slowdown worth looking at, not a few percent of host noise.
+        stage_of: Rank -> pipeline stage (e.g. ``lambda r: layout.coords(r).pp``); enables stage suspects.
+        stage_work: Stage -> relative work it holds (e.g. its layer count); default: equal.
+        stage_ratio: A stage is slow when its per-work time outside calls is at least this times the
+            median of the other stages'. Higher than ``compute_ratio``: stages are never perfectly
+            balanced (embedding, LM head), DP peers are.
     """
-    if link_ratio <= 1.0 or compute_ratio <= 1.0:
-        raise InputError("link_ratio and compute_ratio must be above 1")
+    if link_ratio <= 1.0 or compute_ratio <= 1.0 or stage_ratio <= 1.0:
+        raise InputError("link_ratio, compute_ratio and stage_ratio must be above 1")
     if len(calls) == 0:
         raise InputError("no calls to analyse")
     nodes: Callable[[int], int] | None
@@ -402,10 +446,15 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
     caused: dict[int, float] = defaultdict(float)
     last: dict[int, int] = defaultdict(int)
     seen: dict[int, int] = defaultdict(int)
+    p2p_caused: dict[int, float] = defaultdict(float)  # receivers' waits for this rank's sends
+    p2p_waited: dict[int, float] = defaultdict(float)  # this rank's waits in its receives
     for it in inst:
         ws = it.waits()
         for r, w in zip(it.ranks, ws, strict=True):
             wait[r] += w
+        if it.group[0] == "p2p":
+            p2p_caused[it.ranks[0]] += ws[1]
+            p2p_waited[it.ranks[1]] += ws[1]
         if it.group[0] == "coll":
             j = int(np.argmax(it.start))
             caused[it.ranks[j]] += sum(ws)
@@ -442,9 +491,67 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
                 evidence={"outside_calls_ratio": round(rs.ratio, 3), "outside_calls_s": round(rs.outside_s, 6),
                           "last_arrival_fraction": None if rs.last_fraction != rs.last_fraction
                           else round(rs.last_fraction, 3), "caused_wait_s": round(rs.caused_s, 6)}))
+    if stage_of is not None:
+        stages = _as_callable(stage_of)
+
+        def p2p_share(members: list[int]) -> float:
+            caused = sum(p2p_caused[r] for r in members)
+            waited = sum(p2p_waited[r] for r in members)
+            return caused / (caused + waited) if caused + waited > 0 else 0.5
+
+        culprits.extend(_stage_suspects(outside, stages, stage_work, stage_ratio, p2p_share,
+                                        min_share * span, nodes))
     culprits.extend(_links_not_explained(groups, culprits, nodes))
     culprits.sort(key=lambda c: -c.confidence)
     return Analysis(culprits=culprits, groups=groups, ranks=rank_stats)
+
+
+def _as_callable(f: Callable[[int], int] | Mapping[int, int]) -> Callable[[int], int]:
+    return dict(f).__getitem__ if isinstance(f, Mapping) else f
+
+
+def _stage_suspects(outside: Mapping[int, float], stage_of: Callable[[int], int],
+                    stage_work: Mapping[int, float] | None, stage_ratio: float,
+                    p2p_share: Callable[[list[int]], float], min_excess_s: float,
+                    nodes: Callable[[int], int] | None) -> list[Culprit]:
+    """Whole pipeline stages that compute slower than the others (every DP rank of the stage alike).
+
+    A stage's time is that of its *fastest* rank (per unit of work): a stage is slow only if all its
+    ranks are, so one starved rank (a rank-level compute suspect) does not make its stage a suspect
+    and the stage's victims (other stages, waiting inside p2p calls) keep a normal time outside calls.
+    ``p2p_share`` says how much of the p2p waiting between the stage and its neighbours is the
+    neighbours waiting for it (a bottleneck stage makes the others wait); it weighs in the confidence.
+    """
+    members: dict[int, list[int]] = defaultdict(list)
+    for r in sorted(outside):
+        members[int(stage_of(r))].append(r)
+    if len(members) < 2:
+        return []
+    work = {s: float(stage_work.get(s, 1.0)) if stage_work is not None else 1.0 for s in members}
+    if any(not (w > 0) for w in work.values()):
+        raise InputError(f"stage work must be positive, got {work}")
+    per_work = {s: min(outside[r] for r in rs) / work[s] for s, rs in members.items()}
+    out: list[Culprit] = []
+    for s, rs in members.items():
+        ref = float(np.median([v for t, v in per_work.items() if t != s]))
+        if not ref > 0:
+            continue
+        ratio = per_work[s] / ref
+        excess_s = (per_work[s] - ref) * work[s]
+        share = p2p_share(rs)
+        # The p2p share is evidence, not a gate: with few micro-batches every stage waits for every other
+        # (no overlap), so the share says little; the slowest rank-free comparison is the stage's time.
+        if ratio >= stage_ratio and excess_s >= min_excess_s:
+            conf = round(0.5 * min(1.0, (ratio - 1.0) / 0.5) + 0.5 * share, 3)
+            node_set = sorted({nodes(r) for r in rs}) if nodes is not None else []
+            out.append(Culprit(
+                kind="compute", rank=None, node=node_set[0] if len(node_set) == 1 else None, ranks=tuple(rs),
+                confidence=conf, stage=s,
+                evidence={"stage": s, "stage_compute_ratio": round(ratio, 3),
+                          "stage_outside_calls_s": round(per_work[s] * work[s], 6),
+                          "other_stages_outside_calls_s": round(ref * work[s], 6),
+                          "work": work[s], "p2p_wait_caused_share": round(share, 3)}))
+    return out
 
 
 def _links_not_explained(groups: list[GroupStat], culprits: list[Culprit],
@@ -505,7 +612,9 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
                        group_kind: Mapping[Any, str] | None = None,
                        node_of: Callable[[int], int] | Mapping[int, int] | None = None,
                        peers_of: Callable[[int], Sequence[int]] | None = None,
-                       link_ratio: float = 1.1, compute_ratio: float = 1.1) -> Analysis:
+                       link_ratio: float = 1.1, compute_ratio: float = 1.1,
+                       stage_of: Callable[[int], int] | Mapping[int, int] | None = None,
+                       stage_work: Mapping[int, float] | None = None, stage_ratio: float = 1.2) -> Analysis:
     """The same verdicts from per-window averages, as a metrics pipeline (Prometheus) provides them.
 
     Without per-call timestamps the wait/transfer split is estimated per group: in a collective the
@@ -520,9 +629,12 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
         peers_of: Rank -> ranks doing the same work (default: every rank in ``outside_s``).
         link_ratio: Slow-group threshold over the median transfer estimate of the same kind.
         compute_ratio: Slow-rank threshold over the peers' median time outside calls.
+        stage_of: Rank -> pipeline stage; enables stage suspects (as in :func:`analyse`).
+        stage_work: Stage -> relative work it holds (e.g. layers); default: equal.
+        stage_ratio: Slow-stage threshold over the other stages' median per-work time outside calls.
     """
-    if link_ratio <= 1.0 or compute_ratio <= 1.0:
-        raise InputError("link_ratio and compute_ratio must be above 1")
+    if link_ratio <= 1.0 or compute_ratio <= 1.0 or stage_ratio <= 1.0:
+        raise InputError("link_ratio, compute_ratio and stage_ratio must be above 1")
     nodes: Callable[[int], int] | None
     if node_of is None:
         nodes = None
@@ -576,6 +688,18 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
                                     evidence={"outside_calls_ratio": round(rs.ratio, 3),
                                               "outside_calls_s": round(rs.outside_s, 6),
                                               "wait_s": round(rs.wait_s, 6)}))
+    if stage_of is not None:
+        stages = _as_callable(stage_of)
+
+        def wait_share(members: list[int]) -> float:
+            # Without per-call times: how much of the waiting is done by the other ranks, not the stage's.
+            own = float(np.median([waited[r] for r in members]))
+            others = [waited[r] for r in ranks_all if r not in members]
+            other = float(np.median(others)) if others else 0.0
+            return other / (own + other) if own + other > 0 else 0.5
+
+        culprits.extend(_stage_suspects({r: float(outside_s[r]) for r in ranks_all}, stages, stage_work,
+                                        stage_ratio, wait_share, 0.0, nodes))
     culprits.extend(_links_not_explained(groups, culprits, nodes))
     culprits.sort(key=lambda c: -c.confidence)
     return Analysis(culprits=culprits, groups=groups, ranks=stats)

@@ -16,10 +16,13 @@ ALLREDUCE = 1
 
 def simulate(layout: Layout, *, slow_rank: int | None = None, slow_factor: float = 2.0,
              slow_node: int | None = None, link_factor: float = 3.0, iters: int = 20,
-             seed: int = 0) -> Calls:
-    """A DP x PP job: stage s computes, sends activations to s+1, then each stage all-reduces over DP.
+             seed: int = 0, slow_stage: int | None = None,
+             stage_work: dict[int, float] | None = None) -> Calls:
+    """A DP x PP job: stage s computes, sends activations to s+1; gradients flow back (compute, send to s-1);
+    then each stage all-reduces over DP.
 
-    Compute times carry 2 % jitter; a slow rank computes ``slow_factor`` times longer; every transfer that
+    Compute times carry 2 % jitter; a slow rank computes ``slow_factor`` times longer, so does every rank
+    of ``slow_stage``; stage s does ``stage_work[s]`` units of work (default 1); every transfer that
     touches ``slow_node`` from another node takes ``link_factor`` times longer.
     """
     rng = np.random.default_rng(seed)
@@ -45,11 +48,13 @@ def simulate(layout: Layout, *, slow_rank: int | None = None, slow_factor: float
     dp_comm = {g: 1000 + i for i, g in enumerate(dp_groups)}
     pp_comm = {g: 2000 + i for i, g in enumerate(pp_groups)}
     t = np.zeros(layout.world_size)  # when each rank is free
+    works: dict[int, float] = {}
     for _ in range(iters):
         ready = t.copy()
         for g in pp_groups:  # one pipeline replica per pp group
             for s, r in enumerate(g):
-                work = 0.010 * (1 + 0.02 * rng.standard_normal()) * (slow_factor if r == slow_rank else 1.0)
+                work = (0.010 * (1 + 0.02 * rng.standard_normal()) * (stage_work or {}).get(s, 1.0)
+                        * (slow_factor if r == slow_rank or s == slow_stage else 1.0))
                 if s > 0:  # receive activations from the previous stage
                     src = g[s - 1]
                     send_start = ready[src]
@@ -62,9 +67,19 @@ def simulate(layout: Layout, *, slow_rank: int | None = None, slow_factor: float
                     ready[r] = done + work
                 else:
                     ready[r] = t[r] + work
+                works[r] = work
+            # Backward: gradients flow from the last stage down; each stage computes, then sends.
+            for s in range(len(g) - 1, 0, -1):
+                r, dst = g[s], g[s - 1]
+                send_start, recv_start = ready[r] + works[r], ready[dst]
+                done = max(send_start, recv_start) + link_cost((r, dst), 0.002)
+                add(r, pp_comm[g], SEND, len(g), s, s - 1, send_start, done, 4096)
+                add(dst, pp_comm[g], RECV, len(g), s - 1, s, recv_start, done, 4096)
+                ready[r] = ready[dst] = done
+            ready[g[0]] += works[g[0]]
         for g in dp_groups:
             arrive = max(ready[r] for r in g)
-            done = arrive + link_cost(g, 0.003)
+            done = arrive + link_cost(g, 0.005)
             for cr, r in enumerate(g):
                 add(r, dp_comm[g], ALLREDUCE, len(g), cr, -1, ready[r], done + 1e-5 * rng.random(), 1 << 20)
                 t[r] = done + 0.001
@@ -107,7 +122,60 @@ def test_healthy_job_has_no_culprit() -> None:
     lay = Layout(dp=4, pp=2, ranks_per_node=2)
     a = analyse(simulate(lay), node_of=lay.node_of, peers_of=_dp_peers(lay), group_role=_role(lay))
     assert a.culprits == []
-    assert {g.kind.split(":")[0] for g in a.groups} == {"coll", "fwd"}
+    assert {g.kind.split(":")[0] for g in a.groups} == {"coll", "fwd", "bwd"}
+
+
+def _stage(layout: Layout) -> Callable[[int], int]:
+    return lambda r: layout.coords(r).pp
+
+
+@pytest.mark.parametrize("slow_stage", [0, 1, 2])
+def test_names_the_slow_stage_not_its_victims(slow_stage: int) -> None:
+    lay = Layout(dp=3, pp=3, ranks_per_node=1)
+    a = analyse(simulate(lay, slow_stage=slow_stage), node_of=lay.node_of, peers_of=_dp_peers(lay),
+                group_role=_role(lay), stage_of=_stage(lay))
+    stage_ranks = sorted(r for r in range(lay.world_size) if lay.coords(r).pp == slow_stage)
+    # DP peers share the slowness: no single rank is named, the stage is.
+    assert [(c.stage, sorted(c.ranks), c.rank) for c in a.compute] == [(slow_stage, stage_ranks, None)]
+    assert a.link == []
+    ev = a.compute[0].evidence
+    assert ev["stage_compute_ratio"] == pytest.approx(2.0, rel=0.1)
+    assert a.compute[0].confidence > 0.5
+
+
+def test_stage_work_normalises_a_planned_imbalance() -> None:
+    lay = Layout(dp=2, pp=3, ranks_per_node=1)
+    work = {0: 1.0, 1: 2.0, 2: 1.0}  # stage 1 holds twice the layers by design
+    calls = simulate(lay, stage_work=work)
+    kw = {"node_of": lay.node_of, "peers_of": _dp_peers(lay), "group_role": _role(lay), "stage_of": _stage(lay)}
+    assert [c.stage for c in analyse(calls, **kw).compute] == [1]  # blind to the plan: stage 1 looks slow
+    assert analyse(calls, stage_work=work, **kw).culprits == []
+    slow = simulate(lay, stage_work=work, slow_stage=2)
+    assert [c.stage for c in analyse(slow, stage_work=work, **kw).compute] == [2]
+
+
+@pytest.mark.parametrize("fault", [{"slow_rank": 3}, {"slow_node": 2}, {}])
+def test_stage_comparison_keeps_other_verdicts(fault: dict[str, int]) -> None:
+    lay = Layout(dp=3, pp=2, ranks_per_node=1)
+    calls = simulate(lay, **fault)
+    kw = {"node_of": lay.node_of, "peers_of": _dp_peers(lay), "group_role": _role(lay)}
+    with_stage = analyse(calls, stage_of=_stage(lay), **kw)
+    assert [(c.kind, c.rank, c.node, c.stage) for c in with_stage.culprits] == \
+        [(c.kind, c.rank, c.node, None) for c in analyse(calls, **kw).culprits]
+
+
+def test_a_window_cut_inside_an_instance_is_realigned() -> None:
+    # Rank 1 reaches each all-reduce late; the window starts after rank 0 entered instance 0 but before
+    # rank 1 did, so rank 0's first call in the window is instance 1 while rank 1's is instance 0.
+    starts0 = [1.0, 2.0, 3.0]
+    starts1 = [0.5, 1.5, 2.5, 3.5]
+    ends0 = [1.6, 2.6, 3.6]
+    ends1 = [0.6, 1.6, 2.6, 3.6]
+    calls = Calls.from_columns(rank=[0] * 3 + [1] * 4, comm=[7] * 7, op=[1] * 7, nranks=[2] * 7,
+                               comm_rank=[0] * 3 + [1] * 4, start=starts0 + starts1, end=ends0 + ends1)
+    inst = match_instances(calls)
+    assert [i.end for i in inst] == [(1.6, 1.6), (2.6, 2.6), (3.6, 3.6)]
+    assert all(i.start[1] > i.start[0] for i in inst)  # rank 1 is the last to arrive, every time
 
 
 def test_wait_and_transfer_split() -> None:
@@ -131,6 +199,11 @@ def test_bad_input() -> None:
         analyse(Calls.from_columns(rank=[]))
     with pytest.raises(InputError):
         analyse(simulate(Layout(dp=2)), link_ratio=1.0)
+    with pytest.raises(InputError):
+        analyse(simulate(Layout(dp=2)), stage_ratio=1.0)
+    lay = Layout(dp=2, pp=2)
+    with pytest.raises(InputError):
+        analyse(simulate(lay), stage_of=_stage(lay), stage_work={0: 0.0, 1: 1.0})
 
 
 def _aggregate(calls: Calls, layout: Layout) -> tuple[dict[int, float], dict[int, dict[int, float]],
@@ -152,15 +225,20 @@ def _aggregate(calls: Calls, layout: Layout) -> tuple[dict[int, float], dict[int
 
 
 @pytest.mark.parametrize(("fault", "expect"), [({"slow_rank": 4}, ("compute", 4)), ({"slow_node": 2}, ("link", 2)),
-                                               ({}, None)])
+                                               ({"slow_stage": 1}, ("stage", 1)), ({}, None)])
 def test_aggregated_form_gives_the_same_verdicts(fault: dict[str, int], expect: tuple[str, int] | None) -> None:
     from failslow.groups import analyse_aggregates
     lay = Layout(dp=3, pp=2, ranks_per_node=1)
     outside, group, kind = _aggregate(simulate(lay, **fault), lay)
-    a = analyse_aggregates(outside, group, group_kind=kind, node_of=lay.node_of, peers_of=lay.dp_group)
+    a = analyse_aggregates(outside, group, group_kind=kind, node_of=lay.node_of, peers_of=lay.dp_group,
+                           stage_of=_stage(lay))
     if expect is None:
         assert a.culprits == []
+    elif expect[0] == "stage":
+        assert [(c.stage, c.rank, sorted(c.ranks)) for c in a.culprits] == \
+            [(expect[1], None, [r for r in range(lay.world_size) if lay.coords(r).pp == expect[1]])]
     else:
         top = a.culprits[0]
         assert (top.kind, top.rank if top.kind == "compute" else top.node) == expect
         assert len([c for c in a.culprits if c.kind == expect[0]]) == 1
+        assert all(c.stage is None for c in a.culprits)

@@ -1,9 +1,11 @@
 """Culprit analysis and detection on the REAL testbed: torch.distributed (gloo) DP2 x PP2, one rank per
-network namespace, a cgroup CPU fault on one rank then a tc link fault on one node, recorded by the torch
-hook into per-process rings and read back with failslow.ring.
+network namespace, a cgroup CPU fault on one rank, a tc link fault on one node, then a pipeline-stage
+imbalance (every DP rank of one stage computes twice as long), recorded by the torch hook into per-process
+rings and read back with failslow.ring.
 
 Ground truth comes from the testbed's injection log (the report's fault episodes). The analysis must name
-the starved rank for the CPU fault and the throttled node for the link fault, never their victims.
+the starved rank for the CPU fault, the throttled node for the link fault and the slow stage (its ranks)
+for the imbalance, never their victims.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from failslow.topology import Layout
 
 CPU_RANK = 3
 LINK_NODE = 1
+SLOW_STAGE = 1
 
 
 def _window(calls: Calls, lo: float, hi: float) -> Calls:
@@ -33,18 +36,19 @@ def _window(calls: Calls, lo: float, hi: float) -> Calls:
 def _analyse(calls: Calls, lay: Layout) -> Analysis:
     dp = {tuple(sorted(g)) for g in lay.groups("dp")}
     return analyse(calls, node_of=lay.node_of, peers_of=lay.dp_group,
-                   group_role=lambda ranks: "dp" if ranks in dp else "pp")
+                   group_role=lambda ranks: "dp" if ranks in dp else "pp", stage_of=lambda r: lay.coords(r).pp)
 
 
-def test_testbed_cpu_then_link_fault(tmp_path: Path, failslow_cmd: list[str]) -> None:
+def test_testbed_cpu_link_and_stage_faults(tmp_path: Path, failslow_cmd: list[str]) -> None:
     rings = tmp_path / "rings"
     rings.mkdir()
     report = tmp_path / "report.json"
     env = dict(os.environ, FAILSLOW_KEEP_RINGS="1")
-    cmd = [*failslow_cmd, "testbed", "run", "--dp", "2", "--pp", "2", "--iterations", "30", "--torch-hook",
+    cmd = [*failslow_cmd, "testbed", "run", "--dp", "2", "--pp", "2", "--iterations", "40", "--torch-hook",
            "--ring-dir", str(rings), "--job", f"h4-culprit-{os.getpid()}",
            "--inject", f"cpu:rank={CPU_RANK},quota=0.1,start_iter=6,stop_iter=12",
            "--inject", f"link:node={LINK_NODE},rate=20mbit,start_iter=20,stop_iter=28",
+           "--inject", f"stage:pp={SLOW_STAGE},factor=2,start_iter=32,stop_iter=38",
            "--report", str(report)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=420, env=env)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
@@ -70,6 +74,13 @@ def test_testbed_cpu_then_link_fault(tmp_path: Path, failslow_cmd: list[str]) ->
     link = _analyse(_window(calls, faults["link"]["start_unix_s"], faults["link"]["end_unix_s"]), lay)
     assert [c.node for c in link.link] == [LINK_NODE], link.culprits
     assert link.compute == [], link.culprits
+
+    # Every DP rank of the stage is slow alike: only the cross-stage comparison can name it.
+    stage = _analyse(_window(calls, faults["stage"]["start_unix_s"], faults["stage"]["end_unix_s"]), lay)
+    stage_ranks = sorted(r for r in range(lay.world_size) if lay.coords(r).pp == SLOW_STAGE)
+    assert [(c.stage, sorted(c.ranks)) for c in stage.compute] == [(SLOW_STAGE, stage_ranks)], stage.culprits
+    assert stage.compute[0].rank is None and stage.compute[0].confidence > 0.5
+    assert stage.link == [], stage.culprits
 
     # Detection on the testbed's own iteration times: each episode is a confirmed slowdown near its start.
     ends = np.array(rep["iteration_end_unix_s"]["0"])
