@@ -6,7 +6,12 @@ first rank starts that iteration; all ranks share one CLOCK_MONOTONIC, so start 
 across ranks (what-if analysis needs that to tell waiting from transfer). Op types follow Megatron's
 names: ``forward-compute``, ``backward-compute``, ``forward-send``, ``forward-recv``, ``backward-send``,
 ``backward-recv``, ``grads-all-reduce`` (our DP gradient all-reduce; Megatron's distributed optimizer
-would show ``grads-reduce-scatter``), ``optimizer`` and ``gc``.
+would show ``grads-reduce-scatter``), ``optimizer`` and ``gc``, plus one op type of ours,
+``step-overhead``: a rank's CPU work between the end of its previous iteration and its first op
+(progress record, control file, zero_grad). It starts exactly where the rank's previous iteration
+ended, so consecutive steps can be laid end to end without guessing their offsets, and it is
+idealised like compute. Compute ops carry ``mc = 0`` and ``gmc = mc * pp + stage`` (the model chunk's
+position in the whole model, as in Megatron's trace); ``mb_id`` is the micro-batch.
 
 The meta YAML sits next to the trace: ``trace-X.parquet`` → ``meta-X.yaml`` (else ``<stem>.meta.yaml``).
 """

@@ -6,8 +6,9 @@ namespace when there is one). The job description is ``RUN_DIR/config.json``; th
 * ``progress/rank<r>.jsonl`` — one line per finished iteration (times, loss, micro-batches), read
   live by the launcher for the progress display, iteration-based fault schedules and the report;
 * ``trace/rank<r>.json`` — per-operation timings (forward/backward compute per micro-batch, the
-  p2p of each micro-batch, the DP gradient all-reduce, optimizer, GC pauses) on the shared
-  CLOCK_MONOTONIC, merged by the launcher into the what-if trace schema.
+  p2p of each micro-batch, the DP gradient all-reduce, optimizer, GC pauses, and the per-iteration
+  CPU work outside them as ``step-overhead``) on the shared CLOCK_MONOTONIC, merged by the launcher
+  into the what-if trace schema.
 
 Schedule: Megatron's non-interleaved 1F1B (warm-up forwards, steady one-forward-one-backward with the
 combined send-forward/recv-backward p2p, cool-down backwards), gradient accumulation over the
@@ -43,6 +44,8 @@ from testbed.model import AdamW, Corpus, ModelConfig, Stage, TPContext, stage_la
 FWD, BWD = "forward-compute", "backward-compute"
 FSEND, FRECV, BSEND, BRECV = "forward-send", "forward-recv", "backward-send", "backward-recv"
 GRADS, OPTIM, GC = "grads-all-reduce", "optimizer", "gc"
+# ours, not Megatron's: the rank's per-iteration CPU work outside the ops above (see Rank.iteration)
+OVERHEAD = "step-overhead"
 
 
 class Control:
@@ -99,6 +102,7 @@ class Rank:
         self.c = self.layout.coords(rank)
         self.mcfg = ModelConfig(**self.cfg["model"])
         self.trace = Trace()
+        self.iter_start = 0.0  # monotonic end of this rank's previous iteration
         self.control = Control(run_dir / "control.json")
         self.progress = open(run_dir / "progress" / f"rank{rank}.jsonl", "a", buffering=1)  # noqa: SIM115
 
@@ -200,6 +204,7 @@ class Rank:
         inflight: deque[tuple[int, torch.Tensor | None, torch.Tensor]] = deque()
         losses: list[float] = []
         fwd_i = bwd_i = 0
+        gmc = s  # the chunk's position in the whole model, mc * pp + stage (one chunk per stage, mc = 0)
 
         def data(i: int) -> tuple[torch.Tensor, torch.Tensor]:
             if self.corpus is None:
@@ -224,7 +229,7 @@ class Rank:
                 y = loss / total  # the global-batch mean: same gradient however micro-batches are spread
             if stage_factor > 1.0:
                 _burn((stage_factor - 1.0) * (time.monotonic() - t0))
-            self.trace.add(it, FWD, t0, time.monotonic(), seq_id=i, mc=0, gmc=i, mb_id=i)
+            self.trace.add(it, FWD, t0, time.monotonic(), seq_id=i, mc=0, gmc=gmc, mb_id=i)
             inflight.append((i, x, y))
             return y
 
@@ -239,7 +244,7 @@ class Rank:
                 torch.autograd.backward(y, grad_tensors=g)
             if stage_factor > 1.0:
                 _burn((stage_factor - 1.0) * (time.monotonic() - t0))
-            self.trace.add(it, BWD, t0, time.monotonic(), seq_id=i, mc=0, gmc=i, mb_id=i)
+            self.trace.add(it, BWD, t0, time.monotonic(), seq_id=i, mc=0, gmc=gmc, mb_id=i)
             return None if x is None else x.grad
 
         def recv_forward(i: int) -> torch.Tensor | None:
@@ -280,6 +285,11 @@ class Rank:
 
         self.opt.zero_grad()
         self._p2p_seq: dict[str, int] = {}
+        # The CPU work of this rank since its previous iteration ended (that iteration's progress
+        # record, the control file, zero_grad) as an op of its own: it is on the critical path and a
+        # CPU fault slows it like compute. It starts where the previous iteration ended, so the
+        # trace places consecutive steps exactly (what-if --continuous).
+        self.trace.add(it, OVERHEAD, self.iter_start, time.monotonic())
         for i in range(warm):
             y = forward(recv_forward(i))
             send_forward(y, i)
@@ -303,7 +313,7 @@ class Rank:
             t0 = time.monotonic()
             gc.collect()
             time.sleep(gc_fault["pause"])
-            self.trace.add(it, GC, t0, time.monotonic(), mb_id=0)
+            self.trace.add(it, GC, t0, time.monotonic())
 
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         if self.dp_group is not None:
@@ -353,6 +363,7 @@ class Rank:
             if stop_at is not None and it >= stop_at:
                 break
             start = prev
+            self.iter_start = start
             loss = self.iteration(it, snap)
             end = time.monotonic()
             mbs = snap.get("microbatches") or [self.cfg["micro_batches"]] * self.layout.dp

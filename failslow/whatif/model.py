@@ -83,6 +83,7 @@ class Model:
         delay: (N, dp, steps) launch delay of the node's call: its start minus the latest end of
             what it waits for (untraced CPU work; the step start for calls that wait for nothing).
         ideal_delay: (N,) per op type median of `delay`.
+        ideal_key, delay_key: which nodes share an ideal (see `idealise`); compute: "mean"/"median".
         p2p_peer: (N,) the matching send/recv on the adjacent stage of a P2P node, else -1.
         n_noops: P2P operations without a peer (not simulated).
     """
@@ -107,6 +108,9 @@ class Model:
     ideal_delay: FloatArray
     p2p_peer: IntArray
     n_noops: int
+    ideal_key: IntArray  # (N,) nodes sharing a key share one ideal work
+    delay_key: IntArray  # (N,) the same for launch delays
+    compute: str  # how compute work is idealised ("mean" or "median")
 
     @property
     def n_nodes(self) -> int:
@@ -246,7 +250,10 @@ def build_model(trace: Trace, compute: str = "mean", equalise: str = "all") -> M
                 out.append(_dpc[int(before[-1])])
             return out
 
-        def block(v: int, _main_start: FloatArray = main_start, _main: list[int] = main_list) -> None:
+        dpc_start = t_start[dpc] if dpc else np.zeros(0)
+
+        def block(v: int, _main_start: FloatArray = main_start, _main: list[int] = main_list,
+                  _dpc_start: FloatArray = dpc_start, _dpc: list[int] = dpc) -> None:
             # Blocking calls: the next main-stream op, issued after this call, started only after it
             # ended, so it waits for it (fused send/recv, synchronous all-gather ...).
             after = np.flatnonzero(_main_start >= t_start[v] - ISSUE_EPS)
@@ -254,6 +261,14 @@ def build_model(trace: Trace, compute: str = "mean", equalise: str = "all") -> M
                 nxt = _main[int(after[0])]
                 if t_start[nxt] >= t_end[v] - ISSUE_EPS:
                     deps[nxt].append(v)
+                    # A blocking call holds the issuing thread, so the next DP collective issued
+                    # after it waits for it too: on a synchronous (CPU) worker a send blocked on a
+                    # slow peer delays the gradient all-reduce that follows, and without this edge
+                    # the wait would be booked as the all-reduce's own launch gap.
+                    if Kind(kind[v]) == Kind.P2P:
+                        later = np.flatnonzero(_dpc_start >= t_end[v] - ISSUE_EPS)
+                        if later.size and _dpc[int(later[0])] != v:
+                            deps[_dpc[int(later[0])]].append(v)
 
         comp_gmc = {}
         for v in main_list:
@@ -423,19 +438,29 @@ def build_model(trace: Trace, compute: str = "mean", equalise: str = "all") -> M
     sinks = tuple(int(c) for c in np.flatnonzero(~consumed))
     return Model(trace=trace, stage=stage, optype=optype, seq=seq, simulated=simulated, deps=tuple(deps_t),
                  calls=tuple(calls), node_call=node_call, events=events, sinks=sinks, work=work, ideal=ideal, start=start, end=end,
-                 gmc=gmc, mb=mb, delay=delay, ideal_delay=ideal_delay, p2p_peer=p2p_peer, n_noops=int((~simulated).sum()))
+                 gmc=gmc, mb=mb, delay=delay, ideal_delay=ideal_delay, p2p_peer=p2p_peer, n_noops=int((~simulated).sum()),
+                 ideal_key=key, delay_key=key, compute=compute)
 
 
 def idealise(work: FloatArray, key: IntArray, optype: IntArray, simulated: npt.NDArray[np.bool_],
-             compute: str = "mean") -> FloatArray:
+             compute: str = "mean", exclude: npt.NDArray[np.bool_] | None = None) -> FloatArray:
     """Idealised work per node: over the nodes sharing a `key` (op type, or op type and stage), the
-    mean (or median) duration of compute ops and the median transfer of communication ops."""
+    mean (or median) duration of compute ops and the median transfer of communication ops.
+
+    `exclude` (nodes, dp) leaves those instances out of the statistics (e.g. a straggler's own
+    operations when asking how fast it would be if it behaved like the others); a key whose every
+    instance is excluded falls back to all of them.
+    """
     ideal = np.zeros(optype.shape[0])
     for k in np.unique(key).tolist():
         sel = (key == k) & simulated
         if not sel.any():
             continue
         vals = work[sel]
+        if exclude is not None:
+            keep = ~exclude[sel]
+            if keep.any():
+                vals = vals[keep]
         o = int(optype[np.argmax(sel)])
         use_median = OPTYPES[o].is_comm or compute == "median"
         ideal[sel] = float(np.median(vals)) if use_median else float(vals.mean())

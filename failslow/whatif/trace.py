@@ -89,6 +89,10 @@ OPTYPES: tuple[OpType, ...] = (
     _op("optimizer-clip-main-grad", Kind.MAIN_COLL),
     _op("optimizer", Kind.COMPUTE),
     _op("gc", Kind.COMPUTE),
+    # Not Megatron's: a worker's per-iteration CPU work outside the ops above (bookkeeping,
+    # zero_grad, ...), recorded by CPU testbeds from the end of the previous iteration to the first
+    # op, so it is simulated and idealised like compute and consecutive steps can be placed exactly.
+    _op("step-overhead", Kind.COMPUTE),
 )
 OPTYPE_CODE: dict[str, int] = {t.name: i for i, t in enumerate(OPTYPES)}
 FWD, BWD = OPTYPE_CODE["forward-compute"], OPTYPE_CODE["backward-compute"]
