@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from failslow.bocd import BOCDConfig
-from failslow.detect import BatchDetector, make_detector
+from failslow.detect import BatchDetector, keep_series, make_detector
 from failslow.verify import VerifyConfig
 
 Key = tuple[str, str]  # (job, rank)
@@ -204,6 +204,35 @@ class Engine:
                 ev.ratio = ratio
                 changes.append(Change("updated", ev))
         return changes
+
+    def drop(self, keys: list[Key]) -> list[str]:
+        """Forget dead series (their detector state, labels, last values); returns the jobs left with none.
+
+        The remaining series resume exactly where they were. A job whose every series is gone is removed
+        from ``jobs`` too (its event, open or not, ends with the job).
+        """
+        gone = {k for k in keys if k in self.index}
+        if not gone:
+            return []
+        keep = [i for i, k in enumerate(self.keys) if k not in gone]
+        if self._det is not None:
+            self._det = keep_series(self._det, self.method, keep, **self._options()) if keep else None
+        self.keys = [self.keys[i] for i in keep]
+        self.index = {k: i for i, k in enumerate(self.keys)}
+        self.last = self.last[np.asarray(keep, dtype=np.int64)] if keep else np.zeros(0)
+        for k in gone:
+            self.labels.pop(k, None)
+        self._job_slots_n = -1
+        alive = {k[0] for k in self.keys}
+        dead = sorted({k[0] for k in gone} - alive)
+        for j in dead:
+            self.jobs.pop(j, None)
+        return dead
+
+    def forget_job(self, job: str) -> None:
+        """Forget a job that has no series (e.g. an event restored from Redis for a job that is gone)."""
+        if not any(k[0] == job for k in self.keys):
+            self.jobs.pop(job, None)
 
     # ------------------------------------------------------------------ persistence
     def snapshot(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:

@@ -54,3 +54,12 @@ class DetectorMetrics:
         for key, conf in want.items():
             self.suspect.labels(job, *key).set(conf)
         self._suspects[job] = set(want)
+
+    def drop_job(self, job: str) -> None:
+        """Remove every series of a job that is gone (fail-slow, ratio, onset, suspects, events)."""
+        for g in (self.failslow, self.ratio, self.onset, self.events):
+            with contextlib.suppress(KeyError):
+                g.remove(job)
+        for key in self._suspects.pop(job, set()):
+            with contextlib.suppress(KeyError):
+                self.suspect.remove(job, *key)

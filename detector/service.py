@@ -42,6 +42,11 @@ class Detector:
         self._last_ts: dict[Key, float] = {}
         self._culprit_due: dict[str, int] = {}
         self._shown: set[str] = set()
+        self._fresh_at: dict[Key, float] = {}  # poll time of each series' last new sample
+        self._job_seen: dict[str, float] = {}  # poll time a job last had a new sample
+        self._new: list[Key] = []
+        self._forget: set[str] = set()  # dropped jobs whose Redis event is still to delete
+        self._snapshot_due = False
 
     # ------------------------------------------------------------------ state
     def load_state(self) -> bool:
@@ -58,10 +63,14 @@ class Detector:
             log.warning("snapshot taken with other settings; starting the detectors afresh")
         for job, doc in events.items():
             self.engine.jobs[job] = JobEvent.from_json(doc)
+        now = self.clock()
         for ev in self.engine.jobs.values():
             self._show(ev)
+            self._job_seen[ev.job] = now  # gets the staleness period to show up again
             if ev.open:
                 self._culprit_due[ev.job] = 0 if not ev.suspects else self.settings.culprit_every
+        for k in self.engine.keys:
+            self._fresh_at[k] = now
         self.loaded = True
         log.info("state loaded: %d series, %d jobs, %d open events", self.engine.n_series,
                  len(self.engine.jobs), sum(e.open for e in self.engine.jobs.values()))
@@ -69,12 +78,17 @@ class Detector:
 
     def _persist(self, snapshot: bool) -> None:
         try:
-            if not self._dirty and not snapshot:
+            snapshot = snapshot or self._snapshot_due
+            if not self._dirty and not snapshot and not self._forget:
                 self.store.ping()  # nothing to write: still find out whether Redis is there
             self.store.save_events({j: self.engine.jobs[j].to_json() for j in self._dirty if j in self.engine.jobs})
             self._dirty.clear()
+            if self._forget:
+                self.store.delete_events(sorted(self._forget))
+                self._forget.clear()
             if snapshot:
                 self.store.save_snapshot(*self.engine.snapshot())
+                self._snapshot_due = False
             self.metrics.redis_up.set(1)
         except StoreUnavailable as exc:
             self.metrics.redis_up.set(0)
@@ -85,7 +99,7 @@ class Detector:
         self.metrics.show_job(ev.job, ev.open, ev.ratio, ev.onset_ts, ev.suspects)
 
     # ------------------------------------------------------------------ one poll
-    def _samples(self) -> tuple[dict[Key, float], dict[Key, dict[str, str]], float | None]:
+    def _samples(self, now: float) -> tuple[dict[Key, float], dict[Key, dict[str, str]], float | None]:
         metric = self.settings.metric
         # Only job and rank come back with every poll (a third of the JSON at 16k ranks); the other
         # labels (node, dp/pp/tp rank) are fetched once, when a series is new.
@@ -100,14 +114,19 @@ class Detector:
         samples: dict[Key, float] = {}
         labels: dict[Key, dict[str, str]] = {}
         fresh: list[float] = []
+        self._new = []
         for s in values:
             key = (s.labels.get("job", ""), s.labels.get("rank", ""))
             if not key[0]:
                 continue
             stamp = ts_of.get(key, math.nan)
+            if key not in self.engine.index and stamp == stamp and now - stamp > self.settings.stale_after_s:
+                continue  # a dead series Prometheus still looks back to: not worth a detector row
             # A sample Prometheus already gave us is not new: feed it as missing.
             new = not (stamp == stamp and self._last_ts.get(key) == stamp)
             self._last_ts[key] = stamp
+            if new:
+                self._new.append(key)
             samples[key] = s.value if new and s.value > 0 and math.isfinite(s.value) else math.nan
             if new and stamp == stamp:
                 fresh.append(stamp)
@@ -124,13 +143,16 @@ class Detector:
             return False
         now = self.clock()
         try:
-            samples, labels, sample_ts = self._samples()
+            samples, labels, sample_ts = self._samples(now)
         except PromUnavailable as exc:
             self.metrics.prom_up.set(0)
             self.metrics.poll_ok.set(0)
             log.warning("prometheus unavailable: %s", exc)
             return False
         self.metrics.prom_up.set(1)
+        for k in self._new:
+            self._fresh_at[k] = now
+            self._job_seen[k[0]] = now
         # Nothing new anywhere (Prometheus restarting, the exporter away): no step, rather than a column
         # of missing samples that would push the real ones out of the verification windows.
         fresh = any(v == v for v in samples.values())
@@ -143,6 +165,7 @@ class Detector:
             elif ev.job not in self._shown:
                 self._show(ev)
         self._culprits(now)
+        self._drop_stale(now)
         self.polls += 1
         self._persist(snapshot=self.polls % self.settings.snapshot_every == 0)
         self.metrics.series.set(self.engine.n_series)
@@ -150,6 +173,36 @@ class Detector:
         self.metrics.poll_ts.set(now)
         self.metrics.poll_s.set(time.perf_counter() - t0)
         return True
+
+    def _drop_stale(self, now: float) -> None:
+        """Forget series without a new sample for ``stale_after_s``, and jobs left without series.
+
+        A finished or crashed job must not keep its detector rows, its exported series (fail-slow,
+        ratio, onset, suspects, events) or its Redis event forever: memory and series stay bounded by
+        the jobs that are alive.
+        """
+        limit = self.settings.stale_after_s
+        stale = [k for k in self.engine.keys if now - self._fresh_at.setdefault(k, now) > limit]
+        dead = self.engine.drop(stale) if stale else []
+        for k in stale:
+            self._fresh_at.pop(k, None)
+            self._last_ts.pop(k, None)
+        alive = {k[0] for k in self.engine.keys}
+        for job in list(self.engine.jobs):
+            # Jobs without any series: known only from a stored event (the job ended while we were down).
+            if job not in alive and now - self._job_seen.setdefault(job, now) > limit:
+                self.engine.forget_job(job)
+                dead.append(job)
+        for job in dead:
+            log.info("job %s has had no new sample for %.0f s: its state and series are dropped", job, limit)
+            self.metrics.drop_job(job)
+            self._forget.add(job)
+            self._dirty.discard(job)
+            self._culprit_due.pop(job, None)
+            self._shown.discard(job)
+            self._job_seen.pop(job, None)
+        if stale or dead:
+            self._snapshot_due = True
 
     def _on_change(self, ch: Change) -> None:
         ev = ch.event

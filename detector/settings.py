@@ -26,6 +26,8 @@ class Settings(BaseSettings):
         culprit_window_s: Longest window of the per-communicator averages used for culprit analysis.
         culprit_every: Polls between re-runs of culprit analysis while an event is open.
         max_suspects: Most suspect series exported per job (bounded label sets).
+        stale_after_s: A (job, rank) series without a new sample for this long is dropped (detector
+            state, and once a job has no series left, its exported series and Redis event): jobs end.
     """
 
     model_config = SettingsConfigDict(env_prefix="FAILSLOW_DETECTOR_", extra="ignore")
@@ -46,3 +48,4 @@ class Settings(BaseSettings):
     culprit_window_s: float = Field(300.0, gt=0)
     culprit_every: int = Field(20, ge=1)
     max_suspects: int = Field(4, ge=1, le=64)
+    stale_after_s: float = Field(600.0, gt=0)

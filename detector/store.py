@@ -46,6 +46,11 @@ class RedisStore:
             self._wrap(self.client.hset, f"{self.prefix}:events",
                        mapping={k: json.dumps(v, sort_keys=True) for k, v in events.items()})
 
+    def delete_events(self, jobs: list[str]) -> None:
+        """Forget the given jobs' events (jobs that are gone)."""
+        if jobs:
+            self._wrap(self.client.hdel, f"{self.prefix}:events", *jobs)
+
     def load_events(self) -> dict[str, dict[str, Any]]:
         """Every stored job event."""
         raw = self._wrap(self.client.hgetall, f"{self.prefix}:events")

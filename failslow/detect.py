@@ -245,6 +245,33 @@ def make_detector(method: str, n_series: int, **options: Any) -> BatchDetector:
     return factory(n_series, **options)
 
 
+def select_state(state: dict[str, Any], rows: NDArray[np.integer[Any]] | list[int]) -> dict[str, Any]:
+    """The state of a subset of series, for a detector of ``len(rows)`` series: drop dead series.
+
+    Every array in a registered detector's state has one row per series (scalars are shared counters),
+    so keeping ``rows`` of each array keeps exactly those series' posteriors and histories.
+    """
+    idx = np.asarray(rows, dtype=np.int64)
+    out: dict[str, Any] = {}
+    for k, v in state.items():
+        a = np.asarray(v)
+        if a.ndim == 0:
+            out[k] = v
+            continue
+        if idx.size and (idx.min() < 0 or idx.max() >= a.shape[0]):
+            raise InputError(f"rows out of range for {k!r} with {a.shape[0]} series")
+        out[k] = a[idx].copy()
+    return out
+
+
+def keep_series(det: BatchDetector, method: str, rows: NDArray[np.integer[Any]] | list[int],
+                **options: Any) -> BatchDetector:
+    """A detector over only ``rows`` of ``det``'s series, each resuming exactly where it was."""
+    new = make_detector(method, len(rows), **options)
+    new.load_state_dict(select_state(det.state_dict(), rows))
+    return new
+
+
 @dataclass(frozen=True)
 class SeriesResult:
     """All change points of one series plus its fail-slow events.

@@ -5,7 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from failslow.detect import METHODS, Stream, detect_matrix, detect_series, make_detector
+from failslow.detect import (
+    METHODS,
+    Stream,
+    detect_matrix,
+    detect_series,
+    keep_series,
+    make_detector,
+    select_state,
+)
 from failslow.errors import InputError
 from failslow.evaluate import evaluate, score_job, score_method
 from failslow.synthetic import POSITIVE, SCENARIOS, generate_job
@@ -120,6 +128,23 @@ def test_grow_adds_series_without_disturbing_others() -> None:
         if out.opened[0]:
             events.append((int(out.onset[0]), t))
     assert events == [(a, b) for a, b, _ in ref.events]
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_keep_series_drops_dead_series_and_resumes_the_rest(method: str) -> None:
+    jobs = [generate_job(30 + k, s, n=600) for k, s in enumerate(("compute", "healthy", "comm", "compound"))]
+    x = np.stack([j.values for j in jobs], axis=1)
+    full = make_detector(method, 4)
+    for t in range(250):
+        full.update(x[t])
+    kept = keep_series(full, method, [0, 3])
+    assert kept.n_series == 2
+    for t in range(250, 600):
+        a, b = full.update(x[t]), kept.update(x[t, [0, 3]])
+        for name in ("changed", "failslow", "opened", "recovered", "onset"):
+            assert np.array_equal(getattr(a, name)[[0, 3]], getattr(b, name)), (name, t)
+    with pytest.raises(InputError):
+        select_state(full.state_dict(), [4])
 
 
 def test_evaluation_table_and_scoring() -> None:

@@ -223,6 +223,11 @@ class Endpoint:
             for j in self.jobs:
                 j.step()
 
+    def remove(self, job: FakeJob) -> None:
+        """The job ends: its series vanish from the endpoint (Prometheus marks them stale)."""
+        self.jobs = [j for j in self.jobs if j is not job]
+        self.registry.unregister(job)  # type: ignore[arg-type]
+
     def close(self) -> None:
         self._stop.set()
         self.server.shutdown()

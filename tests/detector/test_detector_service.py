@@ -86,15 +86,20 @@ def test_compute_fault_detected_named_persisted_and_survives_restarts(stack) -> 
     t_fault = time.time()
     job.slow_rank = 3
     polls = _poll(det, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 1.0)
+    t_detected = time.time()
     assert _value(det, "failslow_detector_failslow", job="train") == 1.0, f"not detected in {polls} polls"
     onset = _value(det, "failslow_detector_onset_timestamp_seconds", job="train")
-    # The onset is the scrape time of the first slow sample: a scrape after the fault, not long after
-    # (slack for a loaded machine delaying Prometheus' scrapes).
-    assert onset is not None and t_fault - 2 * SCRAPE <= onset <= t_fault + 2.0
+    # The onset is the scrape time of the first slow sample: after the fault (one scrape interval of
+    # slack for the endpoint's ticker) and before the detection. No bound on how long that took: a
+    # loaded machine delays scrapes.
+    assert onset is not None and t_fault - 2 * SCRAPE <= onset <= t_detected
     assert _value(det, "failslow_detector_slowdown_ratio", job="train") == pytest.approx(1.4, rel=0.05)
     assert _value(det, "failslow_detector_events_total", job="train") == 1.0
-    _poll(det, 2)
-    # The culprit is the slow rank, not its DP peer that waits for it, and no link is blamed.
+    # The culprit is the slow rank, not its DP peer that waits for it, and no link is blamed. The first
+    # analysis may run on a rate window still holding healthy scrapes (a loaded machine delays them);
+    # it is re-run every culprit_every polls, so wait for the verdict, then check nothing else is named.
+    _poll(det, 60, lambda d: bool(d.engine.jobs["train"].suspects) and
+          d.engine.jobs["train"].suspects[0]["rank"] == "3")
     ev = det.engine.jobs["train"]
     assert [(s["kind"], s["rank"]) for s in ev.suspects] == [("compute", "3")], ev.suspects
     assert _value(det, "failslow_detector_suspect", job="train", kind="compute", rank="3", node="node3") > 0.5
@@ -149,10 +154,59 @@ def test_link_fault_names_the_node_not_the_ranks(stack) -> None:
     job.slow_node = 1
     _poll(det, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 1.0)
     assert _value(det, "failslow_detector_failslow", job="train") == 1.0
-    _poll(det, 2)
+    _poll(det, 60, lambda d: any(s["node"] == "node1" for s in d.engine.jobs["train"].suspects))
     sus = det.engine.jobs["train"].suspects
     assert [(s["kind"], s["node"]) for s in sus] == [("link", "node1")], sus
     assert _value(det, "failslow_detector_suspect", job="train", kind="link", rank="", node="node1") > 0.5
+
+
+def test_a_job_that_stops_is_dropped_with_its_series_and_state(tmp_path: Path) -> None:
+    """A job that ends (its series vanish) loses its detector rows, exported series and Redis event."""
+    live, gone = FakeJob(job="live"), FakeJob(job="gone")
+    ep = Endpoint([live, gone], period=SCRAPE)
+    prom = Prometheus(tmp_path, [ep.target], interval=f"{int(SCRAPE * 1000)}ms")
+    red = Redis(tmp_path)
+    try:
+        red.start()
+        prom.start()
+        settings = _settings(prom, red, stale_after_s=2.0)
+        det = build(settings, CollectorRegistry())
+        for _ in range(100):
+            if det.poll_once() and det.engine.n_series == 8:
+                break
+            time.sleep(SCRAPE)
+        assert det.engine.n_series == 8
+        _poll(det, 15)
+        gone.slow_rank = 1
+        _poll(det, 60, lambda d: bool(d.engine.jobs["gone"].suspects))
+        assert _value(det, "failslow_detector_failslow", job="gone") == 1.0
+        r = redis_lib.Redis.from_url(red.url)
+        assert r.hexists(f"{settings.redis_prefix}:events", "gone")
+
+        ep.remove(gone)
+        _poll(det, 300, lambda d: "gone" not in d.engine.jobs)
+        assert "gone" not in det.engine.jobs
+        assert sorted(k for k in det.engine.keys) == [("live", str(i)) for i in range(4)]
+        assert _value(det, "failslow_detector_series") == 4.0
+        text = generate_latest(det.metrics.registry).decode()
+        assert 'job="gone"' not in text and 'job="live"' in text
+        assert not r.hexists(f"{settings.redis_prefix}:events", "gone")
+        meta = json.loads(r.get(f"{settings.redis_prefix}:snapshot:meta"))
+        assert sorted(map(tuple, meta["keys"])) == [("live", str(i)) for i in range(4)]
+        assert "gone" not in meta["jobs"]
+        # The live job is still watched: a fault on it is still detected.
+        live.slow_rank = 2
+        _poll(det, 60, lambda d: _value(d, "failslow_detector_failslow", job="live") == 1.0)
+        assert _value(det, "failslow_detector_failslow", job="live") == 1.0
+        # A restart does not bring the dropped job back from Redis.
+        det.save_now()
+        det2 = build(settings, CollectorRegistry())
+        _poll(det2, 3)
+        assert "gone" not in det2.engine.jobs and 'job="gone"' not in generate_latest(det2.metrics.registry).decode()
+    finally:
+        prom.stop()
+        red.stop()
+        ep.close()
 
 
 def test_waits_for_redis_before_detecting(tmp_path: Path) -> None:
@@ -200,11 +254,19 @@ def test_service_process_serves_metrics_and_saves_on_sigterm(stack) -> None:
         assert "failslow_detector_prometheus_up 1.0" in text
         assert 'failslow_detector_failslow{job="train"} 0.0' in text
         red.stop()
-        time.sleep(1.0)
-        text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        for _ in range(150):  # until the service's next write finds Redis gone (a busy machine is slow)
+            time.sleep(0.2)
+            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            if "failslow_detector_redis_up 0.0" in text:
+                break
         assert "failslow_detector_redis_up 0.0" in text and p.poll() is None
         red.start()
-        time.sleep(1.0)
+        for _ in range(150):
+            time.sleep(0.2)
+            text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+            if "failslow_detector_redis_up 1.0" in text:
+                break
+        assert "failslow_detector_redis_up 1.0" in text
         p.terminate()
         assert p.wait(20) == 0
     finally:
