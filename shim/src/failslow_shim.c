@@ -39,15 +39,6 @@
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 /* ------------------------------------------------------------------------------------------------ */
-/* clock                                                                                            */
-
-static inline int64_t now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-/* ------------------------------------------------------------------------------------------------ */
 /* hashing (stable communicator ids)                                                                */
 
 static uint64_t mix64(uint64_t x) { /* splitmix64 finaliser */
@@ -95,6 +86,235 @@ static void dbg(const char *fmt, const char *arg) {
 static uint32_t my_tid(void) {
     if (UNLIKELY(t_tid == 0)) t_tid = (uint32_t)syscall(SYS_gettid);
     return t_tid;
+}
+
+/* ------------------------------------------------------------------------------------------------ */
+/* clock                                                                                            */
+/*
+ * Record times are CLOCK_MONOTONIC nanoseconds (readers compare them across processes). On this kind of
+ * VM one vDSO clock_gettime costs ~40 ns and the hot path needs two, so where the CPU has an invariant
+ * time-stamp counter the shim reads the counter instead (x86-64 rdtsc, aarch64 cntvct_el0) and maps it to
+ * CLOCK_MONOTONIC with a fixed-point multiply:  ns = ns0 + ((tsc - tsc0) * mult) >> 32.
+ *
+ *  - rate (mult, ns per tick << 32): calibrated once per process against clock_gettime over >= 1 ms, then
+ *    re-estimated from anchors 100-200 ms apart, so it follows NTP's frequency corrections of
+ *    CLOCK_MONOTONIC (the clock we must agree with is the kernel's, not the raw counter);
+ *  - offset (tsc0, ns0): per thread, re-anchored from a fresh clock_gettime once the thread's current
+ *    piece is older than CLK_PIECE_NS (1 ms) — one extra clock read per thread per millisecond, so the
+ *    extrapolation error is at most 1 ms x the rate error plus the anchor's own read error;
+ *  - per-thread monotonic: a new piece never starts below the thread's last returned time;
+ *  - a counter that jumps backwards (or forwards past the piece) just forces a re-anchor; re-anchors that
+ *    find the mapping off by more than CLK_FAULT_NS three times switch the process to clock_gettime.
+ * FAILSLOW_CLOCK=monotonic forces clock_gettime, FAILSLOW_CLOCK=tsc skips the CPU-flag check.
+ */
+
+static inline int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* the exact clock for paths that are not per-call hot (suspend deadlines, CUDA anchors) */
+static inline int64_t now_ns(void) { return mono_ns(); }
+
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#define HAVE_TICKS 1
+static inline uint64_t ticks(void) { return __rdtsc(); }
+#elif defined(__aarch64__)
+#define HAVE_TICKS 1
+static inline uint64_t ticks(void) {
+    uint64_t v;
+    __asm__ __volatile__("mrs %0, cntvct_el0" : "=r"(v));
+    return v;
+}
+#else
+#define HAVE_TICKS 0
+static inline uint64_t ticks(void) { return 0; }
+#endif
+
+enum { CLK_UNSET = 0, CLK_MONO = 1, CLK_TSC = 2 };
+#define CLK_PIECE_NS 1000000LL       /* re-anchor a thread's mapping after 1 ms */
+#define CLK_CALIB_NS 1000000LL       /* initial rate calibration span */
+#define CLK_RATE_WINDOW_NS 100000000LL /* rate anchors move every 100 ms: the rate spans 100-200 ms */
+#define CLK_FAULT_NS 20000LL         /* a mapping this far off means the counter is not usable */
+#define CLK_MAX_FAULTS 3
+
+static int g_clk_mode;           /* CLK_*; read by every call (relaxed), written at setup or on faults */
+static uint64_t g_clk_mult;      /* ns per tick, 32.32 fixed point */
+static uint64_t g_clk_piece;     /* CLK_PIECE_NS in ticks (bounded so that piece * mult < 2^63) */
+static uint64_t g_clk_tight;     /* ticks: an anchor read this narrow is as good as it gets */
+static int g_clk_lock;           /* trylock for the rate anchors (never waited on) */
+static uint64_t g_rate_tsc[2];   /* [0] older, [1] newer rate anchor (under g_clk_lock) */
+static int64_t g_rate_ns[2];
+static pthread_once_t g_clk_once = PTHREAD_ONCE_INIT;
+/* statistics for the tests and the bench (slow path only) */
+static uint64_t g_clk_reanchors, g_clk_faults, g_clk_rate_updates;
+static int64_t g_clk_max_err_ns, g_clk_max_bracket_ns;
+
+struct clk_piece {
+    uint64_t tsc0;  /* anchor tick */
+    int64_t ns0;    /* CLOCK_MONOTONIC at tsc0 */
+    uint64_t mult;  /* copy of g_clk_mult when anchored */
+    uint64_t limit; /* ticks this piece is valid for; 0 = no piece yet */
+    int64_t last;   /* last time returned to this thread */
+};
+static TLS struct clk_piece t_clk;
+
+/* One anchor: a CLOCK_MONOTONIC read bracketed by two tick reads (best of up to 3 tries: an interrupt
+ * between the reads widens the bracket); *tsc is the bracket's midpoint, *width its size. */
+static int64_t clk_pair(uint64_t *tsc, uint64_t *width) {
+    uint64_t best_w = UINT64_MAX, best_t = 0;
+    int64_t best_m = 0;
+    for (int i = 0; i < 3; i++) {
+        uint64_t a = ticks();
+        int64_t m = mono_ns();
+        uint64_t b = ticks();
+        if (b >= a && b - a < best_w) {
+            best_w = b - a;
+            best_t = a + (b - a) / 2;
+            best_m = m;
+        }
+        if (best_w <= g_clk_tight) break;
+    }
+    *tsc = best_t;
+    *width = best_w;
+    return best_m;
+}
+
+static int tsc_invariant(void) {
+#if defined(__x86_64__)
+    char buf[64] = {0};
+    int fd = open("/sys/devices/system/clocksource/clocksource0/current_clocksource", O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n >= 3 && strncmp(buf, "tsc", 3) == 0 && (n == 3 || buf[3] == '\n')) return 1;
+    }
+    /* the kernel chose another clocksource: trust the CPU's own word on an invariant counter */
+    FILE *f = fopen("/proc/cpuinfo", "re");
+    if (!f) return 0;
+    char line[4096];
+    int ok = 0;
+    while (fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0) continue;
+        ok = strstr(line, " constant_tsc") && strstr(line, " nonstop_tsc");
+        break;
+    }
+    fclose(f);
+    return ok;
+#elif defined(__aarch64__)
+    return 1; /* the architected generic timer runs at a fixed frequency by specification */
+#else
+    return 0;
+#endif
+}
+
+static void clk_setup(void) {
+    int saved = errno;
+    int mode = CLK_MONO;
+    const char *env = getenv("FAILSLOW_CLOCK");
+    int forced = env && strcmp(env, "tsc") == 0;
+    if (env && *env && strcmp(env, "monotonic") != 0 && strcmp(env, "tsc") != 0 && strcmp(env, "auto") != 0)
+        dbg("failslow shim: ignoring FAILSLOW_CLOCK=%s (auto, tsc or monotonic)\n", env);
+    if (HAVE_TICKS && !(env && strcmp(env, "monotonic") == 0) && (forced || tsc_invariant())) {
+        /* rate over >= 1 ms of busy-waiting, once per process (at its first NCCL call) */
+        uint64_t ta, tb, wa, wb;
+        g_clk_tight = 0;
+        int64_t ma = clk_pair(&ta, &wa);
+        while (mono_ns() - ma < CLK_CALIB_NS) {
+        }
+        int64_t mb = clk_pair(&tb, &wb);
+        double rate = tb > ta ? (double)(mb - ma) / (double)(tb - ta) : 0.0; /* ns per tick */
+        if (rate > 0.01 && rate < 100.0) {
+            g_clk_mult = (uint64_t)(rate * 4294967296.0 + 0.5);
+            uint64_t piece = (uint64_t)((double)CLK_PIECE_NS / rate);
+            uint64_t cap = (UINT64_MAX >> 2) / g_clk_mult; /* piece * mult stays far below 2^64 */
+            g_clk_piece = piece < cap ? piece : cap;
+            g_clk_tight = 2 * (wa < wb ? wa : wb);
+            g_rate_tsc[0] = ta;
+            g_rate_ns[0] = ma;
+            g_rate_tsc[1] = tb;
+            g_rate_ns[1] = mb;
+            mode = CLK_TSC;
+        } else {
+            dbg("%s", "failslow shim: implausible tick rate; using clock_gettime\n");
+        }
+    }
+    __atomic_store_n(&g_clk_mode, mode, __ATOMIC_RELEASE);
+    errno = saved;
+}
+
+static void clk_init(void) { pthread_once(&g_clk_once, clk_setup); }
+
+/* Start a new piece for this thread at the current instant and return that instant's time. */
+static __attribute__((noinline, cold)) int64_t clk_reanchor(void) {
+    int saved = errno;
+    struct clk_piece *c = &t_clk;
+    uint64_t tsc, width;
+    int64_t m = clk_pair(&tsc, &width);
+    __atomic_add_fetch(&g_clk_reanchors, 1, __ATOMIC_RELAXED);
+    int64_t bracket = (int64_t)(((unsigned __int128)width * g_clk_mult) >> 32);
+    if (bracket > __atomic_load_n(&g_clk_max_bracket_ns, __ATOMIC_RELAXED))
+        __atomic_store_n(&g_clk_max_bracket_ns, bracket, __ATOMIC_RELAXED);
+    uint64_t d = tsc - c->tsc0;
+    if (c->limit && d < 2 * c->limit) {
+        /* the piece just ended: how far off was its extrapolation? (an idle thread's stale piece is not
+         * judged: it returned nothing in between) */
+        int64_t pred = c->ns0 + (int64_t)(((unsigned __int128)d * c->mult) >> 32);
+        int64_t err = pred > m ? pred - m : m - pred;
+        if (err > __atomic_load_n(&g_clk_max_err_ns, __ATOMIC_RELAXED))
+            __atomic_store_n(&g_clk_max_err_ns, err, __ATOMIC_RELAXED);
+        if (err > CLK_FAULT_NS) {
+            if (__atomic_add_fetch(&g_clk_faults, 1, __ATOMIC_RELAXED) >= CLK_MAX_FAULTS) {
+                dbg("%s", "failslow shim: the tick counter disagrees with CLOCK_MONOTONIC; using clock_gettime\n");
+                __atomic_store_n(&g_clk_mode, CLK_MONO, __ATOMIC_RELAXED);
+            }
+        }
+    }
+    if (__atomic_exchange_n(&g_clk_lock, 1, __ATOMIC_ACQUIRE) == 0) {
+        /* refine the rate from the older anchor (100-200 ms back): long enough that the anchors' read
+         * error hardly matters, short enough to follow NTP's corrections to CLOCK_MONOTONIC */
+        uint64_t bt = g_rate_tsc[0];
+        int64_t bn = g_rate_ns[0];
+        if (tsc > bt && m > bn && tsc - bt >= g_clk_piece) {
+            double rate = (double)(m - bn) / (double)(tsc - bt);
+            if (rate > 0.01 && rate < 100.0) {
+                __atomic_store_n(&g_clk_mult, (uint64_t)(rate * 4294967296.0 + 0.5), __ATOMIC_RELAXED);
+                __atomic_add_fetch(&g_clk_rate_updates, 1, __ATOMIC_RELAXED);
+            }
+        }
+        if (tsc < g_rate_tsc[1] || m - g_rate_ns[1] >= CLK_RATE_WINDOW_NS) {
+            g_rate_tsc[0] = g_rate_tsc[1];
+            g_rate_ns[0] = g_rate_ns[1];
+            g_rate_tsc[1] = tsc;
+            g_rate_ns[1] = m;
+        }
+        __atomic_store_n(&g_clk_lock, 0, __ATOMIC_RELEASE);
+    }
+    int64_t t = m > c->last ? m : c->last;
+    c->tsc0 = tsc;
+    c->ns0 = t;
+    c->mult = __atomic_load_n(&g_clk_mult, __ATOMIC_RELAXED);
+    c->limit = g_clk_piece;
+    c->last = t;
+    errno = saved;
+    return t;
+}
+
+/* The hot-path clock: CLOCK_MONOTONIC ns, from the tick counter when it is usable. */
+static inline int64_t clk_now(void) {
+    if (LIKELY(__atomic_load_n(&g_clk_mode, __ATOMIC_RELAXED) == CLK_TSC)) {
+        struct clk_piece *c = &t_clk;
+        uint64_t d = ticks() - c->tsc0;
+        if (LIKELY(d < c->limit)) {
+            int64_t t = c->ns0 + (int64_t)((d * c->mult) >> 32);
+            c->last = t;
+            return t;
+        }
+        return clk_reanchor();
+    }
+    return mono_ns();
 }
 
 /* ------------------------------------------------------------------------------------------------ */
@@ -523,6 +743,7 @@ static struct failslow_ring_header *create_ring(void) {
     char host[256] = {0};
     gethostname(host, sizeof host - 1);
     copy_str(h->hostname, sizeof h->hostname, host);
+    clk_init(); /* the tick counter's calibration (~1 ms, once per process) before any record is written */
     load_cuda();
     h->features = (g_cuda.ok ? FAILSLOW_FEAT_CUDA : 0u);
     if (rename(tmp, g_ring_path) != 0) {
@@ -562,13 +783,9 @@ static struct failslow_ring_header *ring(void) {
 /* the hot path                                                                                     */
 
 static inline uint64_t dtype_size(int dt) {
-    switch (dt) {
-    case ncclInt8: case ncclUint8: case ncclFloat8e4m3: case ncclFloat8e5m2: return 1;
-    case ncclFloat16: case ncclBfloat16: return 2;
-    case ncclInt32: case ncclUint32: case ncclFloat32: return 4;
-    case ncclInt64: case ncclUint64: case ncclFloat64: return 8;
-    default: return 0;
-    }
+    /* ncclInt8, Uint8, Int32, Uint32, Int64, Uint64, Float16, Float32, Float64, Bfloat16, Float8e4m3, e5m2 */
+    static const uint8_t size[16] = {1, 1, 4, 4, 8, 8, 2, 4, 8, 2, 1, 1, 0, 0, 0, 0};
+    return (unsigned)dt < 16u ? size[dt] : 0;
 }
 
 struct call {
@@ -629,52 +846,84 @@ static inline int call_begin(struct call *c, cudaStream_t stream) {
             }
         }
     }
-    c->t0 = now_ns();
+    c->t0 = clk_now();
     return 1;
 }
 
-/* After the real call: write the record. */
+/* Facts of a communicator, through a per-thread one-entry cache: a training loop calls on a handful of
+ * communicators, mostly the same one back to back, so the hash probe is skipped on most calls. The cached
+ * entry is re-validated by its key (destroy tombstones it; a re-init of the same pointer gets a new slot). */
+static TLS ncclComm_t t_comm_key;
+static TLS struct comm_entry *t_comm_entry;
+
+static inline void comm_facts_fast(ncclComm_t comm, struct comm_facts *f) {
+    struct comm_entry *e = t_comm_entry;
+    if (LIKELY(comm == t_comm_key && e && __atomic_load_n(&e->key, __ATOMIC_ACQUIRE) == (uintptr_t)comm &&
+               __atomic_load_n(&e->nranks, __ATOMIC_ACQUIRE) > 0)) {
+        f->id = e->id;
+        f->nranks = e->nranks;
+        f->rank = e->rank;
+        f->device = e->device;
+        return;
+    }
+    int saved = errno; /* the slow path may call into NCCL's query functions */
+    comm_facts(comm, f);
+    e = comm_lookup(comm);
+    t_comm_key = comm;
+    t_comm_entry = e;
+    errno = saved;
+}
+
+/* A 64-bit store of two 32-bit fields (or four narrow ones): fewer stores per record. */
+typedef uint64_t __attribute__((may_alias)) u64_alias;
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the record is little-endian: the packed stores below assume a little-endian CPU"
+#endif
+#define PACK32(lo, hi) ((uint64_t)(uint32_t)(lo) | ((uint64_t)(uint32_t)(hi) << 32))
+
+/* After the real call: write the record. Nothing here can fail or set errno on the common path. */
 static inline void call_end(struct call *c, int op, ncclComm_t comm, uint64_t count, int dt, int peer,
                             cudaStream_t stream, ncclResult_t rc, uint64_t aux) {
-    int64_t t1 = now_ns();
-    int saved = errno;
+    int64_t t1 = clk_now();
     struct failslow_ring_header *h = c->h;
     uint32_t flags = c->flags;
-    if (rc != ncclSuccess && rc != ncclInProgress) flags |= FAILSLOW_F_ERROR;
-    if (t_group_depth > 0) flags |= FAILSLOW_F_IN_GROUP;
+    if (UNLIKELY(rc != ncclSuccess && rc != ncclInProgress)) flags |= FAILSLOW_F_ERROR;
+    int gd = t_group_depth;
+    if (gd > 0) flags |= FAILSLOW_F_IN_GROUP;
     struct pending *p = c->pend;
-    if (p && (rc != ncclSuccess || g_cuda.eventRecord(p->ev1, stream) != cudaSuccess)) {
-        __atomic_store_n(&p->state, PEND_FREE, __ATOMIC_RELEASE);
-        p = NULL;
-        flags |= FAILSLOW_F_GPU_FAILED;
+    if (UNLIKELY(p != NULL)) {
+        int saved = errno;
+        if (rc != ncclSuccess || g_cuda.eventRecord(p->ev1, stream) != cudaSuccess) {
+            __atomic_store_n(&p->state, PEND_FREE, __ATOMIC_RELEASE);
+            p = NULL;
+            flags |= FAILSLOW_F_GPU_FAILED;
+        }
+        errno = saved;
     }
     struct comm_facts f;
-    comm_facts(comm, &f);
+    comm_facts_fast(comm, &f);
     uint64_t seq;
     struct failslow_record *r = failslow_ring_claim(h, &seq);
     if (LIKELY(r != NULL)) {
-        r->comm = f.id;
-        r->count = count;
-        r->bytes = count * dtype_size(dt);
-        r->t_enqueue_ns = c->t0;
-        r->t_start_ns = 0;
-        r->t_end_ns = 0;
-        r->t_return_ns = t1;
-        r->nranks = f.nranks;
-        r->comm_rank = f.rank;
-        r->peer = peer;
-        r->op = (uint16_t)op;
-        r->dtype = (dt >= 0 && dt < 255) ? (uint8_t)dt : (uint8_t)FAILSLOW_DTYPE_UNKNOWN;
-        r->group_depth = (uint8_t)(t_group_depth > 255 ? 255 : t_group_depth);
-        r->flags = flags;
-        r->tid = my_tid();
-        r->stream = (uint64_t)(uintptr_t)stream;
-        r->aux = aux;
-        r->device = f.device;
-        r->reserved0 = 0;
-        r->reserved1 = 0;
-        r->reserved2 = 0;
-        if (p) { /* stays BUSY until the resolver fills the GPU times */
+        u64_alias *w = (u64_alias *)(void *)r;
+        uint8_t dtb = (dt >= 0 && dt < 255) ? (uint8_t)dt : (uint8_t)FAILSLOW_DTYPE_UNKNOWN;
+        uint8_t gdb = (uint8_t)(gd > 255 ? 255 : gd);
+        w[1] = f.id;                                     /* comm */
+        w[2] = count;                                    /* count */
+        w[3] = count * dtype_size(dt);                   /* bytes */
+        w[4] = (uint64_t)c->t0;                          /* t_enqueue_ns */
+        w[5] = 0;                                        /* t_start_ns */
+        w[6] = 0;                                        /* t_end_ns */
+        w[7] = (uint64_t)t1;                             /* t_return_ns */
+        w[8] = PACK32(f.nranks, f.rank);                 /* nranks, comm_rank */
+        w[9] = PACK32(peer, (uint32_t)(uint16_t)op | (uint32_t)dtb << 16 | (uint32_t)gdb << 24);
+        w[10] = PACK32(flags, my_tid());                 /* flags, tid */
+        w[11] = (uint64_t)(uintptr_t)stream;             /* stream */
+        w[12] = aux;                                     /* aux */
+        w[13] = PACK32(f.device, 0);                     /* device, reserved0 */
+        w[14] = 0;                                       /* reserved1 */
+        w[15] = 0;                                       /* reserved2 */
+        if (UNLIKELY(p != NULL)) { /* stays BUSY until the resolver fills the GPU times */
             p->rec = r;
             p->seq = seq;
             p->t_claim = t1;
@@ -686,7 +935,6 @@ static inline void call_end(struct call *c, int op, ncclComm_t comm, uint64_t co
         __atomic_store_n(&p->state, PEND_FREE, __ATOMIC_RELEASE);
     }
     t_in_hook = 0;
-    errno = saved;
 }
 
 /* Control events (init/split/destroy): host time only, committed at once. */
@@ -694,7 +942,7 @@ static void record_event(int op, uint64_t id, int nranks, int rank, int device, 
                          uint64_t aux) {
     struct failslow_ring_header *h = ring();
     if (!h) return;
-    int64_t t = now_ns();
+    int64_t t = clk_now();
     uint64_t seq;
     struct failslow_record *r = failslow_ring_claim(h, &seq);
     if (!r) return;
@@ -1024,6 +1272,9 @@ static void after_fork_child(void) {
     t_in_hook = 0;
     /* threads do not survive fork: no resolver, and no CUDA use in the child without a new pool */
     g_resolver_running = 0;
+    g_clk_lock = 0; /* a thread that held it is gone; the calibration itself is inherited (same counter) */
+    t_comm_key = NULL;
+    t_comm_entry = NULL;
     g_pool_ready = 0;
     for (unsigned i = 0; i < PEND_SLOTS; i++) g_pend[i].state = PEND_FREE;
 }
@@ -1052,4 +1303,30 @@ __attribute__((constructor)) static void shim_init(void) {
 /* For tests and tools: the path of this process's ring ("" before the first NCCL call). */
 EXPORT const char *failslow_shim_ring_path(void) {
     return __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE) ? g_ring_path : "";
+}
+
+/* For tests and tools: the shim's record clock (CLOCK_MONOTONIC ns) and its source, "tsc" or "monotonic". */
+EXPORT int64_t failslow_shim_now_ns(void) {
+    clk_init();
+    return clk_now();
+}
+
+EXPORT const char *failslow_shim_clock_source(void) {
+    clk_init();
+    return __atomic_load_n(&g_clk_mode, __ATOMIC_RELAXED) == CLK_TSC ? "tsc" : "monotonic";
+}
+
+/* For tests and tools: out[0..7] = mode (1 monotonic, 2 tsc), mult (ns per tick << 32), piece length in
+ * ticks, re-anchors, rate updates, faults, largest |error| of an ending piece (ns), widest anchor read (ns). */
+EXPORT int failslow_shim_clock_stats(int64_t *out, int n) {
+    clk_init();
+    int64_t v[8] = {__atomic_load_n(&g_clk_mode, __ATOMIC_RELAXED), (int64_t)g_clk_mult, (int64_t)g_clk_piece,
+                    (int64_t)__atomic_load_n(&g_clk_reanchors, __ATOMIC_RELAXED),
+                    (int64_t)__atomic_load_n(&g_clk_rate_updates, __ATOMIC_RELAXED),
+                    (int64_t)__atomic_load_n(&g_clk_faults, __ATOMIC_RELAXED),
+                    __atomic_load_n(&g_clk_max_err_ns, __ATOMIC_RELAXED),
+                    __atomic_load_n(&g_clk_max_bracket_ns, __ATOMIC_RELAXED)};
+    int k = n < 8 ? n : 8;
+    for (int i = 0; i < k; i++) out[i] = v[i];
+    return k;
 }

@@ -14,6 +14,12 @@ run() {
 [ -z "$(env LD_PRELOAD= "$B/test_shim" basic 2>&1 | grep 'not preloaded')" ] && fail "bare run did not notice the missing shim"
 run basic RANK=5 WORLD_SIZE=8 FAILSLOW_TP=2 FAILSLOW_PP=4 FAILSLOW_DP=1 FAILSLOW_JOB=shimtest FAKE_NCCL_FAIL_PEER=2
 [ -z "$(ls -A "$D")" ] || fail "ring left behind after a clean exit: $(ls -A "$D")"
+run basic RANK=5 WORLD_SIZE=8 FAILSLOW_TP=2 FAILSLOW_PP=4 FAILSLOW_DP=1 FAILSLOW_JOB=shimtest FAKE_NCCL_FAIL_PEER=2 \
+    FAILSLOW_CLOCK=monotonic
+# the record clock: whatever auto picks here, then each source forced (tsc only where the CPU has a counter)
+run clock
+run clock FAILSLOW_CLOCK=monotonic EXPECT_CLOCK=monotonic
+case "$(uname -m)" in x86_64|aarch64) run clock FAILSLOW_CLOCK=tsc EXPECT_CLOCK=tsc ;; esac
 run threads FAILSLOW_RING_CAPACITY=4096
 run overflow FAILSLOW_RING_CAPACITY=64
 run fork
