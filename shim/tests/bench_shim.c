@@ -2,8 +2,13 @@
  * Host-path cost of an NCCL call against the stand-in libnccl (which returns at once): run it bare and
  * under LD_PRELOAD=libfailslow_shim.so; the difference is what the shim adds per call.
  * Usage: bench_shim CALLS THREADS -> "ns_per_call W cpu_ns_per_call C" (means over threads; W from the wall
- *                                    clock, C from the thread's CPU clock, which excludes time spent descheduled)
+ *                                    clock, C from the thread's CPU clock, which excludes time spent descheduled),
+ *                                    then, when the shim is preloaded, "source S reanchors R max_err_ns E" (its
+ *                                    record clock, re-anchors of the TSC mapping, largest error of an ending piece)
  *        bench_shim clock N        -> "ns_per_clock W cpu_ns_per_clock C" (one clock_gettime(CLOCK_MONOTONIC))
+ *        bench_shim tsc N          -> same for one rdtsc (x86-64 only)
+ *        bench_shim shimclock N    -> same for one read of the shim's record clock (needs LD_PRELOAD), plus
+ *                                    "source S"
  */
 #define _GNU_SOURCE
 #include <pthread.h>
@@ -12,6 +17,11 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+#include <dlfcn.h>
+#if defined(__x86_64__)
+#include <x86intrin.h>
+#endif
 
 #include "nccl_abi.h"
 
@@ -41,17 +51,51 @@ static void *run(void *arg) {
     return NULL;
 }
 
+static volatile int64_t g_sink;
+
+static void time_reads(const char *what, long n) {
+    int64_t (*shim_now)(void) = NULL;
+    const char *(*source)(void) = NULL;
+    if (!strcmp(what, "shimclock")) {
+        shim_now = (int64_t (*)(void))dlsym(RTLD_DEFAULT, "failslow_shim_now_ns");
+        source = (const char *(*)(void))dlsym(RTLD_DEFAULT, "failslow_shim_clock_source");
+        if (!shim_now || !source) {
+            fprintf(stderr, "bench_shim shimclock: libfailslow_shim.so is not preloaded\n");
+            exit(2);
+        }
+        shim_now(); /* calibration happens at the first read */
+    }
+    struct timespec ts, c0, c1;
+    int64_t acc = 0;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
+    int64_t t0 = now_ns();
+    if (shim_now) {
+        for (long i = 0; i < n; i++) acc += shim_now();
+    } else if (!strcmp(what, "tsc")) {
+#if defined(__x86_64__)
+        for (long i = 0; i < n; i++) acc += (int64_t)__rdtsc();
+#else
+        fprintf(stderr, "bench_shim tsc: x86-64 only\n");
+        exit(2);
+#endif
+    } else {
+        for (long i = 0; i < n; i++) {
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            acc += ts.tv_nsec;
+        }
+    }
+    double wall = (double)(now_ns() - t0) / (double)n;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
+    g_sink = acc;
+    double cpu = ((double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec)) / (double)n;
+    printf("ns_per_clock %.2f cpu_ns_per_clock %.2f", wall, cpu);
+    if (source) printf(" source %s", source());
+    printf("\n");
+}
+
 int main(int argc, char **argv) {
-    if (argc == 3 && !strcmp(argv[1], "clock")) { /* the cost of one clock read, the shim's main expense */
-        long n = atol(argv[2]);
-        struct timespec ts, c0, c1;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c0);
-        int64_t t0 = now_ns();
-        for (long i = 0; i < n; i++) clock_gettime(CLOCK_MONOTONIC, &ts);
-        double wall = (double)(now_ns() - t0) / (double)n;
-        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &c1);
-        double cpu = ((double)(c1.tv_sec - c0.tv_sec) * 1e9 + (double)(c1.tv_nsec - c0.tv_nsec)) / (double)n;
-        printf("ns_per_clock %.2f cpu_ns_per_clock %.2f\n", wall, cpu);
+    if (argc == 3 && (!strcmp(argv[1], "clock") || !strcmp(argv[1], "tsc") || !strcmp(argv[1], "shimclock"))) {
+        time_reads(argv[1], atol(argv[2])); /* the cost of one timestamp, the shim's main expense */
         return 0;
     }
     if (argc != 3) return 2;
@@ -72,6 +116,12 @@ int main(int argc, char **argv) {
         sum += g_ns[t];
         cpu += g_cpu_ns[t];
     }
-    printf("ns_per_call %.2f cpu_ns_per_call %.2f\n", sum / nt, cpu / nt);
+    printf("ns_per_call %.2f cpu_ns_per_call %.2f", sum / nt, cpu / nt);
+    const char *(*source)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "failslow_shim_clock_source");
+    int (*stats)(int64_t *, int) = (int (*)(int64_t *, int))dlsym(RTLD_DEFAULT, "failslow_shim_clock_stats");
+    int64_t st[8] = {0};
+    if (source && stats && stats(st, 8) == 8)
+        printf(" source %s reanchors %lld max_err_ns %lld", source(), (long long)st[3], (long long)st[6]);
+    printf("\n");
     return 0;
 }
