@@ -17,7 +17,11 @@ Implementation choices (why):
   series: their log-gamma terms are computed once at construction.
 * The bins live in a ring per series: a step moves a head pointer instead of copying the arrays, so an
   update is one pass of O(R) arithmetic per series, with one ``log`` and one ``exp`` per element (the
-  predictive is written through ``log beta_old`` and ``log beta_new``, which we keep anyway).
+  predictive is written through ``log beta_old`` and ``log beta_new``, which we keep anyway, in two
+  buffers that swap roles each step instead of copying).
+* The state is laid out bins × series: a bin of every series is one contiguous row, so opening and
+  folding bins touch contiguous memory, and the reductions over bins (max, sum, the MAP bin) are
+  element-wise operations over rows, which numpy vectorises, instead of many short row reductions.
 * The prior of a new run is empirical: its mean and scale track an exponentially weighted level and
   absolute deviation of the series itself, so the same defaults work on seconds-per-iteration and on
   generic series of any scale.
@@ -131,10 +135,12 @@ class BOCD:
         s, r = self.n_series, self.config.max_run
         if series is None or not hasattr(self, "_lp"):
             dt = np.dtype(self.config.dtype)
-            self._lp = np.full((s, r), -np.inf, dtype=dt)
-            self._mu = np.zeros((s, r), dtype=dt)
-            self._beta = np.ones((s, r), dtype=dt)
-            self._logbeta = np.zeros((s, r), dtype=dt)
+            # Bins x series: a bin of every series is one contiguous row (see module docstring).
+            self._lp = np.full((r, s), -np.inf, dtype=dt)
+            self._mu = np.zeros((r, s), dtype=dt)
+            self._beta = np.ones((r, s), dtype=dt)
+            self._logbeta = np.zeros((r, s), dtype=dt)
+            self._spare = np.zeros((r, s), dtype=dt)  # next step's log beta; swapped with _logbeta
             self._level = np.zeros(s)
             self._spread = np.zeros(s)
             self._seen = np.zeros(s, dtype=np.int64)
@@ -142,19 +148,23 @@ class BOCD:
             self.t = 0
             return
         idx = np.asarray(series, dtype=np.int64)
-        self._lp[idx] = -np.inf
-        self._mu[idx] = 0.0
-        self._beta[idx] = 1.0
-        self._logbeta[idx] = 0.0
+        self._lp[:, idx] = -np.inf
+        self._mu[:, idx] = 0.0
+        self._beta[:, idx] = 1.0
+        self._logbeta[:, idx] = 0.0
         self._level[idx] = 0.0
         self._spread[idx] = 0.0
         self._seen[idx] = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything needed to resume exactly where we are (arrays and counters)."""
-        return {"lp": self._lp, "mu": self._mu, "beta": self._beta, "logbeta": self._logbeta,
-                "level": self._level, "spread": self._spread, "seen": self._seen,
-                "head": np.int64(self._head), "t": np.int64(self.t)}
+        """Everything needed to resume exactly where we are (arrays and counters).
+
+        Per-bin arrays are given one row per series (``(n_series, max_run)``), whatever the layout in
+        memory, so snapshots and :func:`failslow.detect.select_state` see one row per series.
+        """
+        return {"lp": self._lp.T.copy(), "mu": self._mu.T.copy(), "beta": self._beta.T.copy(),
+                "logbeta": self._logbeta.T.copy(), "level": self._level, "spread": self._spread,
+                "seen": self._seen, "head": np.int64(self._head), "t": np.int64(self.t)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict`; shapes must match this detector."""
@@ -162,10 +172,15 @@ class BOCD:
         if tuple(np.shape(state["lp"])) != shape:
             raise InputError(f"BOCD state has shape {np.shape(state['lp'])}, expected {shape}")
         dt = np.dtype(self.config.dtype)
-        self._lp = np.array(state["lp"], dtype=dt)
-        self._mu = np.array(state["mu"], dtype=dt)
-        self._beta = np.array(state["beta"], dtype=dt)
-        self._logbeta = np.array(state["logbeta"], dtype=dt)
+
+        def bins(a: Any) -> NDArray[Any]:
+            return np.ascontiguousarray(np.asarray(a, dtype=dt).T)
+
+        self._lp = bins(state["lp"])
+        self._mu = bins(state["mu"])
+        self._beta = bins(state["beta"])
+        self._logbeta = bins(state["logbeta"])
+        self._spare = np.zeros_like(self._logbeta)
         self._level = np.array(state["level"], dtype=np.float64)
         self._spread = np.array(state["spread"], dtype=np.float64)
         self._seen = np.array(state["seen"], dtype=np.int64)
@@ -179,10 +194,11 @@ class BOCD:
             return
         r = self.config.max_run
         dt = self._lp.dtype
-        self._lp = np.vstack([self._lp, np.full((extra, r), -np.inf, dtype=dt)])
-        self._mu = np.vstack([self._mu, np.zeros((extra, r), dtype=dt)])
-        self._beta = np.vstack([self._beta, np.ones((extra, r), dtype=dt)])
-        self._logbeta = np.vstack([self._logbeta, np.zeros((extra, r), dtype=dt)])
+        self._lp = np.hstack([self._lp, np.full((r, extra), -np.inf, dtype=dt)])
+        self._mu = np.hstack([self._mu, np.zeros((r, extra), dtype=dt)])
+        self._beta = np.hstack([self._beta, np.ones((r, extra), dtype=dt)])
+        self._logbeta = np.hstack([self._logbeta, np.zeros((r, extra), dtype=dt)])
+        self._spare = np.zeros_like(self._logbeta)
         self._level = np.concatenate([self._level, np.zeros(extra)])
         self._spread = np.concatenate([self._spread, np.zeros(extra)])
         self._seen = np.concatenate([self._seen, np.zeros(extra, dtype=np.int64)])
@@ -237,63 +253,67 @@ class BOCD:
         new_tail = (self._head + r - 2) % r
         lp = self._lp
         # Fold the mass that would run past the last bin into it, then open bin 0 for a new run.
-        np.logaddexp(lp[:, new_tail], lp[:, old_last], out=lp[:, new_tail])
+        np.logaddexp(lp[new_tail], lp[old_last], out=lp[new_tail])
         self._head = old_last
         h = self._head
-        lp[:, h] = self._log_h
-        self._mu[:, h] = mu0
-        self._beta[:, h] = beta0
-        self._logbeta[:, h] = np.log(beta0)
+        lp[h] = self._log_h
+        self._mu[h] = mu0
+        self._beta[h] = beta0
+        self._logbeta[h] = np.log(beta0)
 
-        # Per-bin constants laid out in the ring's physical order.
+        # Per-bin constants laid out in the ring's physical order, one per row.
         order = (np.arange(r) - h) % r
         dt = self._lp.dtype
-        consts = (self._alpha_bin[order].astype(dt), self._c1_bin[order].astype(dt),
-                  self._inv_kp1_bin[order].astype(dt), self._k_bin[order].astype(dt),
-                  (self._alpha_bin[order] + 0.5).astype(dt))
+        consts = tuple(c[order].astype(dt)[:, None] for c in (
+            self._alpha_bin, self._c1_bin, self._inv_kp1_bin, self._k_bin, self._alpha_bin + 0.5))
+        # Bins in reverse order as small integers: the largest among the bins at the maximum is the
+        # first one, as argmax would pick (argmax along the bins axis is slow; max is vectorised).
+        rev = (r - np.arange(r, dtype=np.int16))[:, None]
         xd = xv.astype(dt)
         phys = np.empty(self.n_series, dtype=np.int64)
         pmax = np.empty(self.n_series, dtype=np.float64)
-        # Blocks of rows keep the temporaries in cache: same arithmetic, half the memory traffic.
+        # Blocks of series keep the temporaries in cache: same arithmetic, less memory traffic.
         step = self.config.block
         for a in range(0, self.n_series, step):
             b = min(a + step, self.n_series)
-            phys[a:b], pmax[a:b] = self._update_block(a, b, xd[a:b], consts)
+            phys[a:b], pmax[a:b] = self._update_block(a, b, xd[a:b], consts, rev)
+        self._logbeta, self._spare = self._spare, self._logbeta
         self.t += 1
         run = (phys - h) % r
         return BOCDStep(run_length=run, probability=pmax)
 
-    def _update_block(self, a: int, b: int, x: NDArray[Any],
-                      consts: tuple[NDArray[Any], ...]) -> tuple[IntArray, FloatArray]:
+    def _update_block(self, a: int, b: int, x: NDArray[Any], consts: tuple[NDArray[Any], ...],
+                      rev: NDArray[np.int16]) -> tuple[IntArray, FloatArray]:
         alpha, c1, inv_kp1, kconst, alpha_half = consts
-        lp, mu, beta, logbeta = self._lp[a:b], self._mu[a:b], self._beta[a:b], self._logbeta[a:b]
-        d = x[:, None] - mu
-        qc = d * d
-        qc *= c1
+        lp, mu, beta = self._lp[:, a:b], self._mu[:, a:b], self._beta[:, a:b]
+        logbeta, logbeta_new = self._logbeta[:, a:b], self._spare[:, a:b]
+        d = x[None, :] - mu
+        qc = np.multiply(d, c1)
+        qc *= d
         beta += qc                       # beta_new, in place
-        logbeta_new = np.log(beta)
+        np.log(beta, out=logbeta_new)    # becomes _logbeta after the step (buffers swap)
         # log Student-t(x | bin) = K + alpha log beta_old - (alpha + 1/2) log beta_new
-        logbeta *= alpha
+        logbeta *= alpha                 # the old log beta is not needed after this
         lp += logbeta
         lp += kconst
         np.multiply(logbeta_new, alpha_half, out=logbeta)
         lp -= logbeta
-        logbeta[...] = logbeta_new
-        phys = lp.argmax(axis=1)
-        m = np.take_along_axis(lp, phys[:, None], axis=1)
+        m = lp.max(axis=0)
         lp -= m
+        at_max = lp == 0.0
+        phys = lp.shape[0] - (at_max * rev).max(axis=0).astype(np.int64)
         np.exp(lp, out=qc)
-        tot = qc.sum(axis=1, keepdims=True)
+        tot = qc.sum(axis=0)
         lp -= np.log(tot)
         d *= inv_kp1
         mu += d
-        return phys.astype(np.int64), (1.0 / tot[:, 0]).astype(np.float64)
+        return phys, (1.0 / tot).astype(np.float64)
 
     def start_probability(self, rows: IntArray, max_run: IntArray) -> FloatArray:
         """P(the current regime started at most ``max_run`` samples ago) for the given series."""
         r = self.config.max_run
         order = (self._head + np.arange(r)) % r
-        post = np.exp(self._lp[rows][:, order].astype(np.float64))
+        post = np.exp(self._lp[order][:, rows].T.astype(np.float64))
         post /= post.sum(axis=1, keepdims=True)
         cdf = np.cumsum(post, axis=1)
         return cdf[np.arange(rows.shape[0]), np.clip(max_run, 0, r - 1)]
@@ -302,8 +322,7 @@ class BOCD:
         """Posterior over run-length bins (bin j = regime started j samples before the last sample)."""
         r = self.config.max_run
         order = (self._head + np.arange(r)) % r
-        return np.exp(self._lp[:, order].astype(np.float64))
-
+        return np.exp(self._lp[order].T.astype(np.float64))
 
 @dataclass
 class BOCDTrace:

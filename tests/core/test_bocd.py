@@ -105,3 +105,23 @@ def test_batch_run_lengths_equal_streaming() -> None:
     tr = run_lengths(x)
     assert list(tr.run_length) == [int(s.run_length[0]) for s in steps]
     np.testing.assert_allclose(tr.probability, [float(s.probability[0]) for s in steps], rtol=1e-9)
+
+
+def test_float32_state_makes_the_float64_decisions_on_labelled_jobs() -> None:
+    """The service runs BOCD+V with float32 state (half the memory traffic): same events as float64."""
+    from failslow.detect import make_detector
+    from failslow.synthetic import generate_suite
+
+    jobs = generate_suite(7, 40, n=800)
+    x = np.stack([j.values for j in jobs], axis=1)
+    events: dict[str, list[tuple[int, int, int]]] = {}
+    for dtype in ("float64", "float32"):
+        # Blocks smaller than the series count, so the block loop is covered too.
+        det = make_detector("bocd-v", x.shape[1], bocd=BOCDConfig(dtype=dtype, block=16))
+        out = []
+        for t in range(x.shape[0]):
+            v = det.update(x[t])
+            out += [(t, int(i), int(v.onset[i])) for i in np.flatnonzero(v.opened | v.recovered)]
+        events[dtype] = out
+    assert len(events["float64"]) >= 20  # the suite has fail-slows to find
+    assert events["float32"] == events["float64"]
