@@ -881,6 +881,28 @@ typedef uint64_t __attribute__((may_alias)) u64_alias;
 #endif
 #define PACK32(lo, hi) ((uint64_t)(uint32_t)(lo) | ((uint64_t)(uint32_t)(hi) << 32))
 
+/* Which claim a record takes: the single-writer fast path (one atomic) while one thread writes this
+ * process's ring, the fetch-add path (two atomics) once another thread has written too. The owner is the
+ * first thread that writes a call record; control events written before there is an owner take the
+ * fetch-add path without ending the fast path (nobody uses it yet). Sticky: once contended, always (until
+ * fork: the child has one thread and a new ring). */
+static uint32_t g_owner_tid;
+static int g_contended;
+
+static inline struct failslow_record *claim(struct failslow_ring_header *h, uint64_t *seq, int is_call) {
+    if (LIKELY(!__atomic_load_n(&g_contended, __ATOMIC_RELAXED))) {
+        uint32_t me = my_tid(), own = __atomic_load_n(&g_owner_tid, __ATOMIC_RELAXED);
+        if (LIKELY(own == me)) return failslow_ring_claim_owner(h, seq);
+        if (own == 0) {
+            if (!is_call) return failslow_ring_claim(h, seq);
+            if (__atomic_compare_exchange_n(&g_owner_tid, &own, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
+                return failslow_ring_claim_owner(h, seq);
+        }
+        __atomic_store_n(&g_contended, 1, __ATOMIC_SEQ_CST);
+    }
+    return failslow_ring_claim(h, seq);
+}
+
 /* After the real call: write the record. Nothing here can fail or set errno on the common path. */
 static inline void call_end(struct call *c, int op, ncclComm_t comm, uint64_t count, int dt, int peer,
                             cudaStream_t stream, ncclResult_t rc, uint64_t aux) {
@@ -903,7 +925,7 @@ static inline void call_end(struct call *c, int op, ncclComm_t comm, uint64_t co
     struct comm_facts f;
     comm_facts_fast(comm, &f);
     uint64_t seq;
-    struct failslow_record *r = failslow_ring_claim(h, &seq);
+    struct failslow_record *r = claim(h, &seq, 1);
     if (LIKELY(r != NULL)) {
         u64_alias *w = (u64_alias *)(void *)r;
         uint8_t dtb = (dt >= 0 && dt < 255) ? (uint8_t)dt : (uint8_t)FAILSLOW_DTYPE_UNKNOWN;
@@ -944,7 +966,7 @@ static void record_event(int op, uint64_t id, int nranks, int rank, int device, 
     if (!h) return;
     int64_t t = clk_now();
     uint64_t seq;
-    struct failslow_record *r = failslow_ring_claim(h, &seq);
+    struct failslow_record *r = claim(h, &seq, 0);
     if (!r) return;
     memset((char *)r + 8, 0, sizeof *r - 8);
     r->comm = id;
@@ -1272,6 +1294,8 @@ static void after_fork_child(void) {
     t_in_hook = 0;
     /* threads do not survive fork: no resolver, and no CUDA use in the child without a new pool */
     g_resolver_running = 0;
+    g_owner_tid = 0; /* the child has one thread (and gets a new ring) */
+    g_contended = 0;
     g_clk_lock = 0; /* a thread that held it is gone; the calibration itself is inherited (same counter) */
     t_comm_key = NULL;
     t_comm_entry = NULL;
