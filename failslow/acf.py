@@ -61,6 +61,15 @@ BLOCK_MAD_FLOOR: Final = 0.1
 GAP_MIN_REPEATS: Final = 8
 #: Lags shortlisted from the gap autocorrelation for the fold test.
 SHORTLIST: Final = 16
+#: A tracker adopts a period when its stretch holds this many repeats of it and an estimate on a
+#: shorter stretch (the previous one, or the first two thirds) agrees (lock-in hysteresis).
+LOCK_REPEATS: Final = 16
+#: ... and, for periods of several calls, at least this many calls (a period of 8 identical-looking
+#: Send/Recv pairs shows as 2 until the block test can look at 4 times that).
+LOCK_MIN_CALLS: Final = 96
+#: Iterations are marked at the end of their last call (instead of the start of their first) when
+#: the idle time before the first call is more than this fraction of the iteration.
+MARK_END_IDLE: Final = 0.5
 
 
 @dataclass(frozen=True)
@@ -235,6 +244,10 @@ def _choose_by_gaps(z: FloatArray, allowed: npt.NDArray[np.bool_], maxlag: int) 
         if not allowed[d]:
             continue
         differ = _blocks_differ(z, d, best)
+        if differ is False:
+            # Alike within `best` may only mean too few repeats of `best` to see it: a shorter multiple
+            # of `d` inside `best` has more repeats, and its blocks must look alike too.
+            differ = any(_blocks_differ(z, d, m) is True for m in _divisors(best) if d < m < best and m % d == 0)
         if differ is None:  # too few repeats for the robust test: compare prediction errors
             if d not in cv:
                 cv[d] = _cv_rss(z, d)
@@ -351,17 +364,36 @@ def _centroids(t: FloatArray, starts: IntArray, period: int) -> FloatArray:
 def _trust_switch(t: FloatArray, new: int, cur: int) -> bool:
     """Whether a period found on a recent slice of calls may replace the current one.
 
-    A longer period, or one unrelated to the current, is a change of schedule (more micro-batches, a
-    different pipeline). A *divisor* of the current period is also what a short slice shows when its
-    few iterations cannot reveal the once-per-iteration gap; it replaces the current period only if
-    the robust block test on the slice has enough repeats and finds the blocks alike.
+    A period unrelated to the current one is a change of schedule (a different pipeline). A *divisor*
+    of the current period is also what a short slice shows when its few iterations cannot reveal the
+    once-per-iteration gap; it replaces the current period only if the robust block test on the slice
+    has enough repeats and finds the blocks alike. A *multiple* (more micro-batches, or jitter fitted
+    by a long template on a loaded machine) needs the block test to find its blocks different.
     """
-    if new % cur == 0 or cur % new:
+    if cur % new and new % cur:
         return True
     z = gap_signal(t)
     if z is None:
         return True
+    if new % cur == 0:
+        # A multiple of the current period is also what a short, jittery slice over-fits: it replaces
+        # the current period only when the robust block test sees its blocks really differ.
+        return _blocks_differ(z, cur, new) is True
     return _blocks_differ(z, new, cur) is False
+
+
+def _periodic_start(symbols: IntArray | None, period: int) -> int:
+    """Index of the first call from which ``period`` calls in a row repeat one period later.
+
+    At the origin of a stream this is where the first iteration begins: the set-up calls before it (a
+    barrier, parameter broadcasts) do not repeat. Calls that all look alike give 0.
+    """
+    if symbols is None or len(symbols) < 2 * period + 1:
+        return 0
+    mis = (symbols[:-period] != symbols[period:]).astype(np.int64)
+    cs = np.concatenate(([0], np.cumsum(mis)))
+    clean = np.flatnonzero(cs[period:] - cs[:-period] == 0)  # windows [i, i + period) without a mismatch
+    return int(clean[0]) if len(clean) else 0
 
 
 @dataclass(frozen=True)
@@ -401,12 +433,21 @@ class PeriodTracker:
         min_repeats: Iterations needed before a period is trusted.
         refresh: Re-estimate after this many new calls even without a detected change (catches changes
             the symbols cannot show, e.g. Send/Recv-only streams whose micro-batch count changed).
+        origin: The first call fed is the first call the process made (its ring was read from the
+            first record). The first iteration then begins where the calls start repeating, and
+            iteration boundaries are anchored there: the trainer's own iteration begins at that call.
+
+    Iteration boundaries, once found, stay on one grid: a re-estimate of the same period keeps them,
+    and after a pattern change the new iterations start on a boundary of the old grid (schedules
+    change between iterations). Only without any anchor (a stream joined mid-run, or records lost)
+    is the phase chosen from the gaps (the call after the longest median gap).
     """
 
     buffer: int = 8192
     window: int = 20
     min_repeats: int = 4
     refresh: int = 2048
+    origin: bool = False
     _t: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
     _te: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
     _keys: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty((0, 0), dtype=np.int64), repr=False)
@@ -429,6 +470,12 @@ class PeriodTracker:
     _last_quick: int = 0
     _est_len: int = 0
     _suspect: int | None = None
+    _cand: int | None = None  # period of the last estimate on this stretch (lock-in needs two alike)
+    _seg_origin: bool = True  # the current stretch starts at the stream's origin
+    _grid: tuple[int, int] | None = None  # (boundary, period) of the grid before a pattern change
+    _resume: int | None = None  # first unreported boundary before a restart (continue there if unchanged)
+    _mark_end: bool = True  # mark iterations by the end of their last call (else the start of the first)
+    _out: tuple[list[float], list[float]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.buffer < 16 or self.window < 1 or self.min_repeats < 2 or self.refresh < 1:
@@ -458,9 +505,10 @@ class PeriodTracker:
                 integer-valued; the same features in the same order on every update.
             seq: Optional per-call sequence numbers; a jump means records were lost, so the stretch
                 restarts after it rather than mixing calls across the hole.
-            t_end: Optional call end times (NaN where unknown). When known, iterations are measured
-                between the ends of their last calls; otherwise between the mean start times of
-                their calls.
+            t_end: Optional call end times (NaN where unknown). When known, iterations are marked
+                at the start of their first call, or at the end of their last call when most of the
+                iteration passes before the first call (see `_choose_marker`); otherwise between the
+                mean start times of their calls.
 
         Raises:
             InputError: lengths differ, times are not finite, or the feature count changes.
@@ -479,6 +527,7 @@ class PeriodTracker:
         new_start = self._end()
         emitted_s: list[float] = []
         emitted_t: list[float] = []
+        self._out = (emitted_s, emitted_t)
         changed = False
         if len(t) == 0:
             return self._verdict(changed, emitted_s, emitted_t)
@@ -489,7 +538,7 @@ class PeriodTracker:
             prev = np.concatenate(([self._last_seq if self._last_seq is not None else sq[0] - 1], sq[:-1]))
             holes = np.flatnonzero(sq != prev + 1)
             if len(holes):
-                changed |= self._restart(new_start + int(holes[-1]))
+                changed |= self._restart(new_start + int(holes[-1]), grid=False)
             self._last_seq = int(sq[-1])
         if t_end is None:
             te = np.full(len(t), np.nan)
@@ -504,7 +553,8 @@ class PeriodTracker:
             drop = len(self._t) - self.buffer
             self._t, self._te, self._keys = self._t[drop:], self._te[drop:], self._keys[drop:]
             self._base += drop
-            self._seg = max(self._seg, self._base)
+            if self._seg < self._base:
+                self._seg, self._seg_origin = self._base, False
         self._since_est += len(t)
 
         if self._period is not None:
@@ -522,7 +572,9 @@ class PeriodTracker:
             # Re-estimate on a schedule, and whenever the stretch has doubled since the last estimate:
             # a young stream's first answer (few repeats) may be a micro-batch, not the iteration.
             grown = self._end() - self._seg >= 2 * self._est_len and self._est_len < self.buffer
-            if (self._period is None or self._since_est >= self.refresh or grown) and self._end() >= self._next_try:
+            pending = self._cand is not None and self._cand != self._period  # a lock-in to confirm
+            if (self._period is None or self._since_est >= self.refresh or grown or pending) \
+                    and self._end() >= self._next_try:
                 changed |= self._estimate()
             if self._period is None:
                 break
@@ -531,6 +583,22 @@ class PeriodTracker:
             if not self._changed_by_gaps:
                 break
             changed = True
+        return self._verdict(changed, emitted_s, emitted_t)
+
+    def flush(self) -> PeriodVerdict:
+        """End of the stream: no later estimate can confirm a pending period, so adopt it now.
+
+        Batch use (a whole recorded sequence) calls this after the last `update`; it reports the
+        iterations of a period found but not yet locked in.
+        """
+        emitted_s: list[float] = []
+        emitted_t: list[float] = []
+        self._out = (emitted_s, emitted_t)
+        changed = False
+        if self._cand is not None and self._cand != self._period:
+            changed = self._estimate(trusted=True)
+            if self._period is not None:
+                self._emit(emitted_s, emitted_t)
         return self._verdict(changed, emitted_s, emitted_t)
 
     def _quick_check(self) -> bool:
@@ -557,17 +625,35 @@ class PeriodTracker:
             return False
         self._suspect = None
         self._restart(self._end() - n)
-        self._estimate()
+        self._estimate(trusted=True)
         return True
 
-    def _restart(self, at: int) -> bool:
+    def _restart(self, at: int, *, grid: bool = True) -> bool:
+        """Start a new stationary stretch at call ``at`` (absolute); returns whether a period was lost.
+
+        With ``grid`` (a pattern change, not lost records) and a period in force, the stretch starts on
+        the boundary of the current grid at or before ``at``: a schedule changes between iterations, so
+        the first new iteration began there. Complete iterations before it are reported first.
+        """
         was = self._period is not None
+        self._grid, self._resume = None, None
+        p, b = self._period, self._last_b
+        if grid and p is not None and b is not None:
+            snapped = b + ((at - b) // p) * p
+            if snapped >= self._base:
+                if self._out is not None:
+                    self._emit(*self._out, limit=snapped)
+                at = snapped
+                self._grid = (snapped, p)
+                self._resume = self._last_b
         self._seg = max(at, self._base)
+        self._seg_origin = False
         self._period, self._conf, self._last_b, self._next_try = None, 0.0, None, 0
         self._tmpl = None
+        self._cand = None
         return was
 
-    def _estimate(self) -> bool:
+    def _estimate(self, *, trusted: bool = False) -> bool:
         lo = self._seg - self._base
         t = self._t[lo:]
         self._since_est = 0
@@ -579,20 +665,86 @@ class PeriodTracker:
         if est is None:
             self._next_try = self._end() + max(8, len(t) // 4)
             return False
-        if est.period == self._period:
+        p = est.period
+        if p == self._period:
+            self._cand = p
             self._conf = est.confidence
             self._fit_template()
             return False
-        self._period, self._conf = est.period, est.confidence
-        bounds = self._seg + est.boundaries
+        # Lock-in: a period is adopted when its stretch holds LOCK_REPEATS repeats (enough for the block
+        # test to have looked at twice the period) and an estimate on a stretch at most two thirds as
+        # long (the previous one, else the first two thirds of this one) found it too. A young
+        # stream's first answers are often a micro-batch or a multiple of the period; reporting their
+        # iterations and switching later made the live gauge flap.
+        enough = len(t) >= LOCK_REPEATS * p and (p == 1 or len(t) >= LOCK_MIN_CALLS)
+        # After a change alarm, the period in force before it is taken back at once (false alarm, e.g.
+        # one slow iteration, or the job's closing barrier).
+        trusted |= self._grid is not None and p == self._grid[1]
+        if not trusted and enough and p != self._cand:
+            # No earlier estimate to agree with (e.g. a big first read): the first two thirds must agree.
+            k = (2 * len(t)) // 3
+            early = estimate_period(t[:k], None if sym is None else sym[:k], min_repeats=self.min_repeats)
+            trusted = early is not None and early.period == p
+        if not (trusted or (enough and p == self._cand)):
+            self._cand = p
+            self._next_try = self._end() + max(p, len(t) // 2)
+            return False
+        self._cand = p
+        self._period, self._conf = p, est.confidence
+        anchor = self._phase_anchor(p, est, sym)
+        # Never report an iteration twice, nor one that left the buffer. On an unchanged grid this
+        # lands exactly on the first unreported boundary: reporting goes on without a gap.
+        floor = max([self._base] + [b for b in (self._last_b, self._resume) if b is not None])
+        if anchor < floor:
+            anchor += -(-(floor - anchor) // p) * p
+        self._anchor = anchor
+        self._last_b = anchor
+        self._mark_end = self._choose_marker()
+        self._fit_template()
+        return True
+
+    def _phase_anchor(self, p: int, est: PeriodEstimate, sym: IntArray | None) -> int:
+        """Absolute index of a call that begins an iteration of period ``p`` in the current stretch."""
+        lo = self._seg
+        if self._seg_origin and self.origin:
+            return lo + _periodic_start(sym, p)
+        if self._grid is not None:
+            # The new iterations begin on the old grid: the first old boundary at or after the point from
+            # which the new pattern repeats.
+            gb, gp = self._grid
+            i0 = lo + _periodic_start(sym, p)
+            return gb + -(-(i0 - gb) // gp) * gp
+        bounds = lo + est.boundaries
         # Emission resumes at the first new boundary not before what was already reported: the
         # iteration that straddles a pattern change mixes two schedules and is not reported.
         if self._last_b is not None:
             bounds = bounds[bounds >= self._last_b]
-        self._anchor = int(bounds[0]) if len(bounds) else self._seg + int(est.boundaries[-1])
-        self._last_b = self._anchor
-        self._fit_template()
-        return True
+        return int(bounds[0]) if len(bounds) else lo + int(est.boundaries[-1])
+
+    def _choose_marker(self) -> bool:
+        """Whether iterations are marked by the end of their last call (else the start of their first).
+
+        The trainer's iteration ends with its optimizer step, between the last call of one iteration and
+        the first call of the next. The marker on the side with less other work between it and that
+        step moves least with the load: the start of the first call when it follows the step closely (a
+        pipeline stage receives its first activation right away), the end of the last call when the
+        whole forward and backward pass lies before the first call (data parallel only: one gradient
+        all-reduce per iteration).
+        """
+        p = self._period
+        if p is None:
+            return True
+        first = np.arange(self._anchor, self._end() - p, p, dtype=np.int64)
+        first = first[first - 1 >= max(self._seg, self._base)]
+        if len(first) == 0:
+            return True
+        i = first - self._base
+        idle = self._t[i] - self._te[i - 1]
+        span = self._t[i + p] - self._t[i]
+        ok = np.isfinite(idle) & (span > 0)
+        if not ok.any():
+            return True
+        return bool(np.median(np.maximum(idle[ok], 0.0) / span[ok]) > MARK_END_IDLE)
 
     def _log_gaps(self, start: int, stop: int) -> FloatArray:
         """Scaled log gap before each call in absolute ``[start, stop)`` (first call of buffer: 0)."""
@@ -641,7 +793,12 @@ class PeriodTracker:
         mad = float(np.median(np.abs(base - med)))
         self._corr_min = med - max(CORR_DROP, 6.0 * mad)
 
-    def _emit(self, out_s: list[float], out_t: list[float]) -> None:
+    def _emit(self, out_s: list[float], out_t: list[float], *, limit: int | None = None) -> None:
+        """Report the iterations completed since the last report (those ending at or before ``limit``).
+
+        Iteration ``k`` runs from boundary ``B[k]`` to ``B[k+1]``; it is marked on one side of each
+        boundary (see `_choose_marker`), so reported durations telescope to the elapsed time.
+        """
         p = self._period
         if p is None or self._last_b is None:
             return
@@ -649,35 +806,43 @@ class PeriodTracker:
         last = self._last_b
         if last < self._base:  # fell out of the buffer (should not happen with sane buffer sizes)
             last = self._base + ((self._anchor - self._base) % p)
-        starts = np.arange(last, end - p + 1, p, dtype=np.int64)  # complete iterations only
-        if len(starts) < 2:
-            return
-        # Gap-profile check: two consecutive iterations that do not look like the template mean the
-        # schedule changed; restart estimation at the first of them and report neither.
-        bad = self._iteration_corr(starts) < self._corr_min
-        bad[0] = False  # already accepted as the reference of the previous emission
-        pair = np.flatnonzero(bad[:-1] & bad[1:])
+        b = np.arange(last, end, p, dtype=np.int64)  # boundaries whose first call is here
+        if limit is not None:
+            b = b[b <= limit]
         restart_at = None
-        if len(pair):
-            restart_at = int(starts[pair[0]])
-            starts = starts[: pair[0]]
-        elif bad[-1]:
-            starts = starts[:-1]  # wait for the next iteration to tell a blip from a change
-        if len(starts) >= 2:
-            last_calls = starts + p - 1 - self._base
-            te = self._te[last_calls]
-            # The end of an iteration's last call sits right before the optimizer step and the next
-            # iteration's start: the marker closest to where the trainer's own step ends.
-            by_end = bool(np.isfinite(te).all())
-            c = te if by_end else _centroids(self._t, starts - self._base, p)
+        if limit is None and len(b) >= 2:
+            # Gap-profile check: two consecutive iterations that do not look like the template mean the
+            # schedule changed; restart estimation at the first of them and report neither.
+            bad = self._iteration_corr(b[:-1]) < self._corr_min
+            pair = np.flatnonzero(bad[:-1] & bad[1:])
+            if len(pair):
+                restart_at = int(b[pair[0]])
+                b = b[: pair[0] + 1]
+            elif bad[-1]:
+                b = b[:-1]  # wait for the next iteration to tell a blip from a change
+        ii = b - self._base
+        if self._mark_end and len(b) and ii[0] < 1:
+            b, ii = b[1:], ii[1:]  # the first boundary of the buffer has no previous call to mark it
+        c: FloatArray | None = None
+        if len(b) >= 2:
+            if self._mark_end and ii[0] >= 1 and np.isfinite(self._te[ii - 1]).all():
+                c = self._te[ii - 1]  # end of the last call of the previous iteration
+            elif np.isfinite(self._te[ii[0]:ii[-1]]).all():
+                c = self._t[ii]  # start of the first call of the iteration
+            else:
+                b = b[b + p <= end]  # no call end times: every call of an iteration votes
+                ii = b - self._base
+                if len(b) >= 2:
+                    c = _centroids(self._t, ii, p)
+        if c is not None:
             d = np.diff(c)
-            ends = c[1:] if by_end else self._t[last_calls[1:]]
+            ends = c[1:]
             out_s.extend(float(x) for x in d)
             out_t.extend(float(x) for x in ends)
             self._recent.extend(float(x) for x in d)
             self._total += len(d)
             self._last_end = float(ends[-1])
-            self._last_b = int(starts[-1])
+            self._last_b = int(b[-1])
         if restart_at is not None:
             self._restart(restart_at)
             self._changed_by_gaps = True
@@ -743,6 +908,11 @@ def infer_iterations(
             periods.append(v.period)
         out_s.append(v.iteration_s)
         out_t.append(v.iteration_end_t)
+    v = tr.flush()
+    if v.changed and v.period is not None:
+        periods.append(v.period)
+    out_s.append(v.iteration_s)
+    out_t.append(v.iteration_end_t)
     return IterationResult(
         period=tr.period, periods=tuple(periods),
         iteration_s=np.concatenate(out_s) if out_s else np.empty(0),

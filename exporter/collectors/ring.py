@@ -125,6 +125,10 @@ class RankTrack:
     def _ingest(self, recs: npt.NDArray[Any], lost_jump: int) -> None:
         op = recs["op"]
         seq = recs["seq"].astype(np.int64)
+        if self._last_raw_seq is None and int(seq[0]) == 1:
+            # The ring was read from its first record: the tracker sees where the first iteration
+            # begins (after the set-up calls) and anchors iteration boundaries there.
+            self.tracker.origin = True
         prev = self._last_raw_seq if self._last_raw_seq is not None else int(seq[0]) - 1 - lost_jump
         gaps = np.diff(np.concatenate(([prev], seq))) - 1  # records lost just before each record
         self._last_raw_seq = int(seq[-1])
