@@ -15,6 +15,23 @@ import subprocess
 import tempfile
 from pathlib import Path
 
+# Where the added time goes: the shim's source with parts of the hot path stubbed out, built next to the
+# real one and run interleaved with it. Each patch is applied on top of the previous ones; an anchor that
+# is no longer in the source fails the bench loudly rather than measuring the wrong thing.
+_CLOCK_ANCHOR = "static inline int64_t clk_now(void) {\n"
+_CLAIM_ANCHOR = "    struct failslow_record *r = claim(h, &seq, 1);\n"
+_FACTS_ANCHOR = "    comm_facts_fast(comm, &f);\n    uint64_t seq;\n"
+_STUBS: list[tuple[str, str, str]] = [
+    ("both timestamps", _CLOCK_ANCHOR, _CLOCK_ANCHOR + "    return 1;\n"),
+    ("claim (atomics, ring memory)", _CLAIM_ANCHOR,
+     "    static TLS struct failslow_record stub[64];\n    static TLS uint64_t stub_seq;\n"
+     "    seq = ++stub_seq;\n    struct failslow_record *r = &stub[seq & 63];\n"),
+    ("record stores", _CLAIM_ANCHOR.replace("claim(h, &seq, 1)", "&stub[seq & 63]"),
+     "    struct failslow_record *r = NULL;\n    (void)stub;\n"),
+    ("communicator facts", _FACTS_ANCHOR,
+     "    f.id = 0; f.nranks = f.rank = f.device = 0;\n    uint64_t seq;\n"),
+]
+
 TITLE = "NCCL shim host-path overhead (shim/)"
 ROOT = Path(__file__).resolve().parent.parent
 SHIM = ROOT / "shim"
@@ -34,6 +51,46 @@ def _run(args: list[str], env: dict[str, str]) -> dict[str, str]:
 
 def _med(xs: list[dict[str, str]], key: str) -> float:
     return statistics.median(float(x[key]) for x in xs)
+
+
+def _build_stubs(workdir: Path) -> list[tuple[str, Path]]:
+    """Build the shim once per cumulative stub; returns (what was removed last, library path)."""
+    src = (SHIM / "src" / "failslow_shim.c").read_text()
+    libs = []
+    for i, (what, anchor, repl) in enumerate(_STUBS):
+        if src.count(anchor) != 1:
+            raise RuntimeError(f"bench shim: stub anchor for {what!r} not found once in failslow_shim.c")
+        src = src.replace(anchor, repl)
+        c = workdir / f"stub{i}.c"
+        c.write_text(src)
+        lib = workdir / f"libstub{i}.so"
+        subprocess.run(["gcc", "-std=gnu11", "-O2", "-g", f"-I{SHIM / 'include'}", "-fPIC", "-fvisibility=hidden",
+                        "-shared", "-o", str(lib), str(c), "-ldl", "-lpthread"], check=True, capture_output=True,
+                       timeout=300)
+        libs.append((what, lib))
+    return libs
+
+
+def _breakdown(ringdir: str, base: dict[str, str], pre: dict[str, str]) -> list[str]:
+    """Markdown rows: CPU ns per call of each cumulative stub build, interleaved with the real shim."""
+    with tempfile.TemporaryDirectory(prefix="bench-shim-stubs-") as wd:
+        libs = _build_stubs(Path(wd))
+        envs = [("bare", base), ("shim as shipped", pre)] + [
+            (what, {**pre, "LD_PRELOAD": str(lib)}) for what, lib in libs]
+        acc: dict[str, list[dict[str, str]]] = {name: [] for name, _ in envs}
+        for r in range(ROUNDS):
+            for name, env in (envs if r % 2 == 0 else envs[::-1]):
+                acc[name].append(_run([str(CALLS // 2), "1"], env))
+    med = {name: _med(xs, "cpu_ns_per_call") for name, xs in acc.items()}
+    rows = ["| build | thread CPU ns/call | what the step removed costs |", "|---|---|---|",
+            f"| shim as shipped | {med['shim as shipped']:.1f} | |"]
+    prev = med["shim as shipped"]
+    for what, _ in libs:
+        rows.append(f"| ... without {what} | {med[what]:.1f} | {what}: {prev - med[what]:.1f} |")
+        prev = med[what]
+    rows.append(f"| bare (no shim) | {med['bare']:.1f} | interposition, begin/end bookkeeping: "
+                f"{prev - med['bare']:.1f} |")
+    return rows
 
 
 def run() -> str:
@@ -63,6 +120,7 @@ def run() -> str:
                     for name, (args, env) in reads.items():
                         clock[name].append(_run([*args, str(CLOCK_READS)], env))
             results[threads] = acc
+        breakdown = _breakdown(ringdir, base, pre)
     source = results[1]["shim"][0].get("source", "?")
     max_err = max(int(x.get("max_err_ns", 0)) for t in results.values() for x in t["shim"])
     reanchors = statistics.median(int(x.get("reanchors", 0)) for x in results[1]["shim"])
@@ -107,9 +165,17 @@ def run() -> str:
         f"TSC mapping in the preloaded runs: a thread re-anchors every 1 ms of its own calls (median {reanchors:.0f}"
         f" re-anchors per 1-thread round); the largest error of a piece at its end, against a fresh "
         f"clock_gettime, was {max_err} ns over all rounds.",
-        "Per call the shim takes two timestamps (entry, return), makes two atomic read-modify-writes (claim the",
-        "sequence number, stamp the slot) and 16 stores into one 128-byte slot; with 2 threads the claim",
-        "counter's and the slots' cache lines move between the two cores.",
+        "",
+        "Where the added time goes (1 thread, record clock as chosen above): the shim's source rebuilt with",
+        "parts of the hot path stubbed out, cumulatively, each build run interleaved with the others "
+        f"({ROUNDS} rounds x {CALLS // 2:,} calls, medians):",
+        "",
+        *breakdown,
+        "",
+        "Per call the shim takes two timestamps (entry, return), claims a slot (one atomic — the slot's CAS —",
+        "while one thread writes the ring; a fetch-add on the sequence counter as well once several do) and",
+        "makes 16 stores into one 128-byte slot; with 2 threads the counter's and the slots' cache lines move",
+        "between the two cores.",
     ]
     return "\n".join(lines)
 
