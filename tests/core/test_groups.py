@@ -17,7 +17,7 @@ ALLREDUCE = 1
 def simulate(layout: Layout, *, slow_rank: int | None = None, slow_factor: float = 2.0,
              slow_node: int | None = None, link_factor: float = 3.0, iters: int = 20,
              seed: int = 0, slow_stage: int | None = None,
-             stage_work: dict[int, float] | None = None) -> Calls:
+             stage_work: dict[int, float] | None = None, stage_factor: float | None = None) -> Calls:
     """A DP x PP job: stage s computes, sends activations to s+1; gradients flow back (compute, send to s-1);
     then each stage all-reduces over DP.
 
@@ -54,7 +54,8 @@ def simulate(layout: Layout, *, slow_rank: int | None = None, slow_factor: float
         for g in pp_groups:  # one pipeline replica per pp group
             for s, r in enumerate(g):
                 work = (0.010 * (1 + 0.02 * rng.standard_normal()) * (stage_work or {}).get(s, 1.0)
-                        * (slow_factor if r == slow_rank or s == slow_stage else 1.0))
+                        * (slow_factor if r == slow_rank else 1.0)
+                        * ((stage_factor or slow_factor) if s == slow_stage else 1.0))
                 if s > 0:  # receive activations from the previous stage
                     src = g[s - 1]
                     send_start = ready[src]
@@ -152,6 +153,23 @@ def test_stage_work_normalises_a_planned_imbalance() -> None:
     assert analyse(calls, stage_work=work, **kw).culprits == []
     slow = simulate(lay, stage_work=work, slow_stage=2)
     assert [c.stage for c in analyse(slow, stage_work=work, **kw).compute] == [2]
+
+
+def test_rank_suspects_reconciled_with_a_slow_stage() -> None:
+    lay = Layout(dp=3, pp=2, ranks_per_node=1)
+    kw = {"node_of": lay.node_of, "peers_of": _dp_peers(lay), "group_role": _role(lay), "stage_of": _stage(lay)}
+    stage0 = [r for r in range(lay.world_size) if lay.coords(r).pp == 0]
+    stage1 = [r for r in range(lay.world_size) if lay.coords(r).pp == 1]
+    # A rank of the slow stage that is a little slower still: explained by its stage.
+    a = analyse(simulate(lay, slow_stage=0, stage_factor=2.0, slow_rank=stage0[1], slow_factor=1.3), **kw)
+    assert [(c.stage, c.rank) for c in a.compute] == [(0, None)]
+    # A rank elsewhere slower than its peers by less than the stage's excess: hidden behind the bottleneck.
+    a = analyse(simulate(lay, slow_stage=0, stage_factor=2.0, slow_rank=stage1[1], slow_factor=1.3), **kw)
+    assert [(c.stage, c.rank) for c in a.compute] == [(0, None)]
+    # Two real faults at once: a starved rank elsewhere with a larger excess is named too.
+    a = analyse(simulate(lay, slow_stage=0, stage_factor=1.5, slow_rank=stage1[1], slow_factor=3.0), **kw)
+    assert sorted((c.stage if c.stage is not None else -1, c.rank if c.rank is not None else -1)
+                  for c in a.compute) == [(-1, stage1[1]), (0, -1)]
 
 
 @pytest.mark.parametrize("fault", [{"slow_rank": 3}, {"slow_node": 2}, {}])
