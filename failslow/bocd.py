@@ -58,7 +58,9 @@ class BOCDConfig:
             zero variance (and so a flat series does not make every wiggle a change).
         dtype: Precision of the per-bin state: float32 halves memory traffic (the service default at
             thousands of ranks), float64 suits single series with large offsets.
-        block: Rows processed at a time, sized so a block's temporaries stay in cache.
+        block: Series processed at a time: bounds the temporaries of one step. Measured at 16,384
+            series (float32, quiet machine): 2048 -> 13.2 ms/step, 4096 -> 8.7, 8192 -> 8.5, all -> 8.7
+            (narrow blocks of a bins x series array at a power-of-two row stride alias in the cache).
     """
 
     hazard: float = 1.0 / 200.0
@@ -68,7 +70,7 @@ class BOCDConfig:
     ew: float = 0.05
     scale_floor: float = 1e-3
     dtype: str = "float64"
-    block: int = 2048
+    block: int = 8192
 
     def __post_init__(self) -> None:
         if not 0.0 < self.hazard < 1.0:
