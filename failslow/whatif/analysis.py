@@ -28,6 +28,7 @@ import numpy as np
 import numpy.typing as npt
 
 from failslow.errors import InputError
+from failslow.whatif.cpushare import demand_model, fix_scenario, simulate_shared
 from failslow.whatif.model import Model, build_model, idealise
 from failslow.whatif.rootcause import RootCause, diagnose
 from failslow.whatif.simulate import FullLanes, OneRankLanes, simulate, simulate_continuous
@@ -37,6 +38,26 @@ FloatArray = npt.NDArray[np.float64]
 
 MAX_SIM_ERROR = 0.05
 TOP_WORKER_SHARE = 0.03
+
+
+@dataclass(frozen=True)
+class SharedCpu:
+    """Headline figures replayed on a processor-sharing model of a host's CPUs (`cpushare`).
+
+    For CPU testbeds whose ranks share a few cores: the straggler's idle peers compete less for
+    the cores, so its cost is judged with the contention it would have caused.
+    """
+
+    host_cpus: float
+    T: float  # replay of the trace (check: close to the measured period)
+    T_ideal: float
+    T_fix_top: float  # the M_W workers idealised to the others' ideal
+
+    def to_json(self, T_trace: float) -> dict[str, float]:
+        """JSON summary; `T_trace` is the measured mean period."""
+        return {"host_cpus": self.host_cpus, "T_sim_s": self.T, "T_ideal_s": self.T_ideal,
+                "T_fix_top_s": self.T_fix_top, "S": self.T / self.T_ideal, "S_fix_top": self.T / self.T_fix_top,
+                "simulation_error": abs(self.T - T_trace) / T_trace if T_trace > 0 else math.inf}
 
 
 @dataclass(frozen=True)
@@ -73,6 +94,7 @@ class WhatIfResult:
     step_T: FloatArray = field(repr=False)
     step_T_ideal: FloatArray = field(repr=False)
     step_T_trace: FloatArray = field(repr=False)
+    shared_cpu: SharedCpu | None = None
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-serialisable summary (the `failslow whatif` output)."""
@@ -103,11 +125,13 @@ class WhatIfResult:
             "simulation_error_without_delays": self.simulation_error_without_delays,
             "launch_delays": self.launch_delays,
             "root_cause": self.root_cause.to_json(),
+            "shared_cpu": None if self.shared_cpu is None else self.shared_cpu.to_json(self.T_trace),
         }
 
 
-def continuous_delays(m: Model, equalise: str = "all") -> tuple[Model, FloatArray]:
-    """The model with cross-step launch delays, and the trace's iteration periods (steps,).
+def continuous_delays(m: Model, equalise: str = "all") -> tuple[Model, FloatArray, FloatArray]:
+    """The model with cross-step launch delays, the trace's iteration periods (steps,) and the
+    steps' start offsets on the job's clock (steps,).
 
     Timestamps are relative to each step's start, so the offset between consecutive steps is
     estimated: no worker starts step k+1 before it ended step k, and the tightest worker turns
@@ -142,7 +166,7 @@ def continuous_delays(m: Model, equalise: str = "all") -> tuple[Model, FloatArra
     ideal_delay = idealise(delay, key, m.optype, m.simulated, "median")
     ends = np.max(last, axis=(0, 1)) + offset  # the job's time at the end of each step
     period: FloatArray = np.diff(ends, prepend=0.0)
-    return replace(m, delay=delay, ideal_delay=ideal_delay, delay_key=key), period
+    return replace(m, delay=delay, ideal_delay=ideal_delay, delay_key=key), period, offset
 
 
 def worker_scopes(m: Model) -> npt.NDArray[np.bool_]:
@@ -171,7 +195,7 @@ def _share(t: float, t_part: float, t_ideal: float) -> float | None:
 
 def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_SIM_ERROR,
             top_share: float = TOP_WORKER_SHARE, ideal: str = "mean", equalise: str = "all",
-            launch_delays: str = "drop", continuous: bool = False,
+            launch_delays: str = "drop", continuous: bool = False, host_cpus: float | None = None,
             model: Model | None = None) -> WhatIfResult:
     """Run the whole what-if analysis of a trace.
 
@@ -196,14 +220,20 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
             launch_delays="ideal"; the delay before a worker's first op of a step is measured from
             its end of the previous step (step offsets estimated from the trace, see
             `continuous_delays`).
+        host_cpus: the workers share this many CPU cores (a CPU testbed on one host): also
+            replay T, T_ideal and T_fix_top on a processor-sharing model of those cores
+            (`cpushare`; needs `continuous`), reported as `shared_cpu`.
         model: a dependency model already built for `trace`.
     """
+    if host_cpus is not None and not (continuous and host_cpus > 0):
+        raise InputError("host_cpus needs continuous mode and a positive number of CPUs")
     if launch_delays not in ("drop", "ideal"):
         raise InputError(f"launch_delays must be 'drop' or 'ideal', not {launch_delays!r}")
     m = model if model is not None else build_model(trace, ideal, equalise)
+    step_offset: FloatArray = np.zeros(trace.n_steps)
     if continuous:
         launch_delays = "ideal"
-        m, trace_period = continuous_delays(m, equalise)
+        m, trace_period, step_offset = continuous_delays(m, equalise)
     use_delays = launch_delays == "ideal"
     call_stage = np.array([int(m.stage[c.members[0]]) for c in m.calls], dtype=np.int64)
 
@@ -275,6 +305,21 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
         t4 = simulate(m_fix, FullLanes(m_fix, keep_fix), 1,
                       FullLanes(m_fix, keep_fix, delays=True) if use_delays else None)
 
+    shared = None
+    if host_cpus is not None:
+        dm = demand_model(m, step_offset, host_cpus)
+        ones = np.ones((n, dp), bool)
+
+        def shared_T(model: Model, keep: npt.NDArray[np.bool_]) -> float:
+            ends = simulate_shared(model, keep, float(host_cpus), call_stage)
+            return float(np.diff(ends, prepend=0.0).mean())
+
+        own = np.zeros((n, dp), bool)
+        for d, p in top:
+            own[m.stage == p, d] = True
+        d_fix = fix_scenario(m, step_offset, float(host_cpus), sel, own)
+        shared = SharedCpu(float(host_cpus), shared_T(dm, ones), shared_T(dm, ~ones), shared_T(d_fix, ~sel))
+
     step_trace = trace.step_times() if not continuous else trace_period
     T_trace = float(step_trace.mean())
     err = abs(T - T_trace) / T_trace if T_trace > 0 else math.inf
@@ -304,5 +349,5 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
         M_W=M_W, M_W_workers=top, T_fix_top=float(t4[0].mean()), M_S=M_S,
         simulation_error=float(err), simulation_error_max_step=err_step,
         simulation_error_without_delays=float(err_nodelay), launch_delays=launch_delays,
-        root_cause=cause, step_T=step_t, step_T_ideal=step_ideal, step_T_trace=step_trace,
+        root_cause=cause, step_T=step_t, step_T_ideal=step_ideal, step_T_trace=step_trace, shared_cpu=shared,
     )
