@@ -30,6 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--continuous", action="store_true",
                    help="steps are consecutive iterations run back to back (a testbed run): simulate them in "
                         "sequence; T is the iteration period (implies --launch-delays ideal)")
+    p.add_argument("--host-cpus", type=float, metavar="N",
+                   help="the workers share N CPU cores (a CPU testbed on one host; needs --continuous): also "
+                        "replay T, T_ideal and S_fix_top on a processor-sharing model of those cores ('shared_cpu')")
     p.add_argument("--skip-steps", type=int, default=0, metavar="N",
                    help="leave out the trace's first N steps (warm-up iterations)")
     p.add_argument("--max-sim-error", type=float, default=0.05,
@@ -49,7 +52,8 @@ def run(args: argparse.Namespace) -> int:
     trace = select_steps(read_trace(args.trace, meta), args.skip_steps)
     job = args.job or trace.meta.trial_name or Path(args.trace).name.split(".")[0]
     result = analyze(trace, job=job, max_sim_error=args.max_sim_error, ideal=args.ideal,
-                     equalise=args.equalise, launch_delays=args.launch_delays, continuous=args.continuous)
+                     equalise=args.equalise, launch_delays=args.launch_delays, continuous=args.continuous,
+                     host_cpus=args.host_cpus)
     text = json.dumps(result.to_json(), indent=2)
     if args.out:
         from failslow.whatif.output import write_text

@@ -115,3 +115,15 @@ def test_bad_inputs_exit_2_with_a_message(capsys, st_dir: Path, tmp_path: Path) 
     assert rc == 2  # argparse
     rc, _, err = _main(capsys, str(st_dir / "trace-ST.parquet"), "--skip-steps", "40")
     assert rc == 2 and "no steps left" in err
+
+
+def test_shared_cpu_option(capsys, tmp_path: Path) -> None:
+    st = generate(SynthConfig(dp=2, pp=2, micro_batches=4, steps=3, slow_workers=((1, 1, 1.5),), seed=4))
+    path = tmp_path / "trace-cpu.parquet"
+    write_trace(path, st.columns)
+    rc, stdout, err = _main(capsys, str(path), "--continuous", "--ideal", "median", "--host-cpus", "2")
+    assert rc == 0, err
+    doc = json.loads(stdout)["shared_cpu"]
+    assert doc["host_cpus"] == 2 and doc["simulation_error"] < 1e-6 and doc["S_fix_top"] > 1
+    rc, _, err = _main(capsys, str(path), "--host-cpus", "2")
+    assert rc == 2 and "continuous" in err
