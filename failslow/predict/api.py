@@ -89,8 +89,12 @@ def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model:
     details: dict[int, dict[str, Any]] = {}
     for k in ks:
         sd = worker_slowdown(int(k), slowdown)
+        # Every step of a distributed job starts after waiting for the network (all-reduce, download);
+        # only a lone ring worker computes back to back. The profile's after-idle samples (if any) say
+        # how fast such a step is under the CPU quota.
+        pk = p if (a == "ring" and k == 1) else p.after_idle()
         if model == "coarse":
-            out[int(k)] = coarse_throughput(p, int(k), a, link=link, overlap=overlap, slowdown=sd)
+            out[int(k)] = coarse_throughput(pk, int(k), a, link=link, overlap=overlap, slowdown=sd)
             continue
         kinds: list[Sharing]
         if link == "ps":
@@ -98,7 +102,7 @@ def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model:
         elif link == "fcfs":
             kinds = ["fcfs"]
         elif link == "auto":
-            kinds = [ps_async(p, int(k), overlap=overlap, slowdown=sd).link_kind if a == "ps-async" else "ps"]
+            kinds = [ps_async(pk, int(k), overlap=overlap, slowdown=sd).link_kind if a == "ps-async" else "ps"]
         elif link == "hybrid" or (link is None and a == "ps-async"):
             # The mean of the two sharing disciplines, as in the coarse models.
             kinds = ["ps", "fcfs"]
@@ -111,7 +115,7 @@ def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model:
         rates = []
         events = 0
         for kind in kinds:
-            res = simulate(p, int(k), a, steps=steps, warmup=warmup, sharing=kind, overlap=overlap,
+            res = simulate(pk, int(k), a, steps=steps, warmup=warmup, sharing=kind, overlap=overlap,
                            slowdown=sd, seed=seed, flow_cap=flow_cap)
             rates.append(res.samples_per_s)
             events += res.events

@@ -56,7 +56,11 @@ class Profile:
         accumulate_s: adding one worker's gradient into the server's sum (parameter server only).
         step_forward_s, step_backward_s: per-step samples, shape (n_steps, n_layers); the fine-grained
             simulation draws whole steps from them so that step-to-step variance (and the max over K
-            workers at a barrier) is carried through.
+            workers at a barrier) is carried through. Steps run back to back.
+        idle_step_forward_s, idle_step_backward_s: the same for steps that each start after an idle
+            wait (optional). Under a CPU quota a step that starts after waiting for the network runs
+            faster than one in a back-to-back sequence (the quota is full), and every step of a
+            distributed job does; `after_idle` swaps these in.
         overlap: whether the profiled job overlaps communication with computation per layer.
     """
 
@@ -71,6 +75,8 @@ class Profile:
     accumulate_s: float = 0.0
     step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    idle_step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    idle_step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     overlap: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -120,6 +126,21 @@ class Profile:
         if not (bytes_per_s > 0 and math.isfinite(bytes_per_s)):
             raise InputError(f"bandwidth must be a positive finite rate, got {bytes_per_s!r}")
         return replace(self, bandwidth_bytes_per_s=float(bytes_per_s))
+
+    def after_idle(self) -> Profile:
+        """The profile of steps that start after waiting (for the network), when it has such samples.
+
+        Per-layer times become the medians of the after-idle samples, and those samples replace the
+        back-to-back ones; without after-idle samples the profile itself.
+        """
+        if not self.idle_step_forward_s.size:
+            return self
+        fm = np.median(self.idle_step_forward_s, axis=0)
+        bm = np.median(self.idle_step_backward_s, axis=0)
+        layers = tuple(replace(ly, forward_s=float(f), backward_s=float(b))
+                       for ly, f, b in zip(self.layers, fm, bm, strict=True))
+        return replace(self, layers=layers, step_forward_s=self.idle_step_forward_s,
+                       step_backward_s=self.idle_step_backward_s)
 
     def step_samples(self) -> tuple[FloatArray, FloatArray]:
         """Per-step forward/backward samples; the means as a single step when none were recorded."""
@@ -245,13 +266,20 @@ def parse_profile(doc: Any) -> Profile:
         sb = _matrix(steps.get("backward_s"), n, "steps.backward_s")
         if sf.shape != sb.shape:
             raise InputError("profile: steps.forward_s and steps.backward_s differ in shape")
+    idle_f = np.zeros((0, 0))
+    idle_b = np.zeros((0, 0))
+    if isinstance(steps, dict) and ("idle_forward_s" in steps or "idle_backward_s" in steps):
+        idle_f = _matrix(steps.get("idle_forward_s"), n, "steps.idle_forward_s")
+        idle_b = _matrix(steps.get("idle_backward_s"), n, "steps.idle_backward_s")
+        if idle_f.shape != idle_b.shape:
+            raise InputError("profile: steps.idle_forward_s and steps.idle_backward_s differ in shape")
     overlap = doc.get("overlap", False)
     if not isinstance(overlap, bool):
         raise InputError("profile: 'overlap' must be true or false")
     meta = doc.get("meta", {})
     return Profile(layers=tuple(layers), batch_size=bs, bandwidth_bytes_per_s=bw, link_efficiency=eff,
                    latency_s=lat, ring_efficiency=ring_eff, ring_latency_s=ring_lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
-                   step_backward_s=sb, overlap=overlap, meta=meta if isinstance(meta, dict) else {})
+                   step_backward_s=sb, idle_step_forward_s=idle_f, idle_step_backward_s=idle_b, overlap=overlap, meta=meta if isinstance(meta, dict) else {})
 
 
 def read_profile(path: str | Path) -> Profile:
@@ -288,4 +316,7 @@ def profile_to_doc(p: Profile) -> dict[str, Any]:
         doc["link"]["allreduce"] = {"efficiency": p.ring_efficiency, "latency_s": p.ring_hop_latency}
     if p.step_forward_s.size:
         doc["steps"] = {"forward_s": p.step_forward_s.tolist(), "backward_s": p.step_backward_s.tolist()}
+    if p.idle_step_forward_s.size:
+        doc.setdefault("steps", {}).update(idle_forward_s=p.idle_step_forward_s.tolist(),
+                                           idle_backward_s=p.idle_step_backward_s.tolist())
     return doc

@@ -24,10 +24,17 @@ from typing import Any
 from testbed.dparch.run import ARCHS, RunSpec, profile_doc, run_pool, throughput
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "data" / "predict-measured.json"
-# Steps per run: enough measured steps for a stable mean, few enough that K = 8 with a parameter
-# server (about 1 s per step) finishes in ~15 s.
-STEPS = {"ring": 14, "ps-sync": 8, "ps-async": 12}
-WARMUP = {"ring": 3, "ps-sync": 2, "ps-async": 2}
+# Steps per run. Session 1 used 14/8/12 measured steps (1.3 s for ring at K = 1): one neighbour's
+# burst of a second then moved a whole run. Per-step wall times under a 10 ms-period cap have a CV
+# of ~15-20 % (a 13 ms step of CPU work straddles 8-9 quota periods), so ~30 measured steps bring the
+# run mean to ~3 %; a K = 8 parameter-server run (about 0.9 s per step) then takes ~15 s.
+STEPS = {"ring": 30, "ps-sync": 16, "ps-async": 24}
+# The first steps pay connection set-up and cold caches after the previous job (3-5 steps measured
+# above the steady state in session-1 data); a few more than needed costs little.
+WARMUP = {"ring": 5, "ps-sync": 3, "ps-async": 3}
+PROFILE_STEPS = 40
+# Network microbenchmark rounds per K (after 2 warm-up rounds).
+NET_ROUNDS = 8
 
 
 def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -38,21 +45,25 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     fwd = [row for d in docs for row in d["steps"]["forward_s"]]
     bwd = [row for d in docs for row in d["steps"]["backward_s"]]
     out["steps"] = {"forward_s": fwd, "backward_s": bwd}
+    if all("idle_forward_s" in d["steps"] for d in docs):
+        out["steps"]["idle_forward_s"] = [row for d in docs for row in d["steps"]["idle_forward_s"]]
+        out["steps"]["idle_backward_s"] = [row for d in docs for row in d["steps"]["idle_backward_s"]]
+    # Medians throughout: one profiling run during a neighbour's burst must not move the profile.
     for i, layer in enumerate(out["layers"]):
-        layer["forward_s"] = statistics.fmean(r[i] for r in fwd)
-        layer["backward_s"] = statistics.fmean(r[i] for r in bwd)
+        layer["forward_s"] = statistics.median(r[i] for r in fwd)
+        layer["backward_s"] = statistics.median(r[i] for r in bwd)
     for key in ("update_s", "accumulate_s"):
-        out[key] = statistics.fmean(d[key] for d in docs)
+        out[key] = statistics.median(d[key] for d in docs)
     for key in ("efficiency", "latency_s"):
-        out["link"][key] = statistics.fmean(d["link"][key] for d in docs)
-        out["link"]["allreduce"][key] = statistics.fmean(d["link"]["allreduce"][key] for d in docs)
+        out["link"][key] = statistics.median(d["link"][key] for d in docs)
+        out["link"]["allreduce"][key] = statistics.median(d["link"]["allreduce"][key] for d in docs)
     out["meta"]["merged_from"] = len(docs)
     return out
 
 
 def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profile: bool = True,
           repeats: int = 1, steps: int | None = None, seed: int = 0, log: Callable[[str], None] = print,
-          save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+          save: Callable[[dict[str, Any]], None] | None = None, net: bool = False) -> dict[str, Any]:
     """Profile and measure every (architecture, K) `repeats` times; returns the data document.
 
     The jobs of each repetition run in a shuffled order and a profile is taken before the first and
@@ -70,14 +81,22 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
         seed: seed of the shuffle.
         log: progress lines.
         save: called with the finished document.
+        net: also run the network microbenchmarks (``net-ring`` for K ≥ 2 when ring is measured,
+            ``net-ps`` when a parameter server is), stored under ``"net"``.
     """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
     doc: dict[str, Any] = {"format": "failslow-dp-measured/2", "spec": base.__dict__, "repeats": repeats,
                            "profiles": [], "runs": []}
-    prof = replace(base, arch="profile", workers=1, steps=30, warmup=3)
+    prof = replace(base, arch="profile", workers=1, steps=PROFILE_STEPS, warmup=3)
     rng = random.Random(seed)
     specs = [prof] if profile else []
+    if net:
+        # The network alone, once per K, before the training runs (see `testbed.dparch.train.run_net_*`).
+        if "ring" in archs:
+            specs += [replace(base, arch="net-ring", workers=k, steps=NET_ROUNDS, warmup=2) for k in workers if k > 1]
+        if any(a.startswith("ps") for a in archs):
+            specs += [replace(base, arch="net-ps", workers=k, steps=NET_ROUNDS, warmup=2) for k in workers]
     for _ in range(repeats):
         rep = [replace(base, arch=arch, workers=k, steps=steps or STEPS[arch],
                        warmup=base.warmup if steps else WARMUP[arch]) for arch in archs for k in workers]
@@ -86,13 +105,21 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
         if profile:
             specs.append(prof)
     t = time.monotonic()
+    doc["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     jobs = run_pool(specs)
+    doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     log(f"{len(specs)} runs in {time.monotonic() - t:.0f}s")
     samples: dict[tuple[str, int], list[float]] = {}
     details: dict[tuple[str, int], list[dict[str, Any]]] = {}
     for spec, job in zip(specs, jobs, strict=True):
         if spec.arch == "profile":
             doc["profiles"].append(profile_doc(job))
+            continue
+        if spec.arch == "net-ring":
+            doc.setdefault("net", {}).setdefault("ring", {})[str(spec.workers)] = _net_ring(job)
+            continue
+        if spec.arch == "net-ps":
+            doc.setdefault("net", {}).setdefault("ps", {})[str(spec.workers)] = _net_ps(job)
             continue
         samples.setdefault((spec.arch, spec.workers), []).append(throughput(job))
         details.setdefault((spec.arch, spec.workers), []).append(_detail(job))
@@ -111,12 +138,67 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
     return doc
 
 
+def _net_ring(job: dict[str, Any]) -> dict[str, Any]:
+    """All-reduce microbenchmark of one K: per round, the slowest member's time (when the step ends)."""
+    per_rank = [r["allreduce_s"] for r in job["ranks"].values()]
+    rounds = [max(ts) for ts in zip(*per_rank, strict=True)]
+    return {"bytes": _model_bytes(job), "allreduce_s": rounds, "median_s": statistics.median(rounds)}
+
+
+def _net_ps(job: dict[str, Any]) -> dict[str, Any]:
+    """Fan-out/fan-in microbenchmark of one K: per round, the sorted completion times from the start."""
+    ranks = job["ranks"]
+    k = job["spec"]["workers"]
+    server = ranks["0"]
+    fanout = [sorted(ranks[str(w)]["fanout_done"][i] - t0 for w in range(1, k + 1))
+              for i, t0 in enumerate(server["fanout_start"])]
+    # Fan-in from the latest sender's start: the server cannot receive what was not sent yet.
+    fanin = [sorted(d - max(ranks[str(w)]["fanin_start"][i] for w in range(1, k + 1)) for d in done)
+             for i, done in enumerate(server["fanin_done"])]
+    med = lambda rows: [statistics.median(col) for col in zip(*rows, strict=True)]  # noqa: E731
+    return {"bytes": _model_bytes(job), "fanout_s": fanout, "fanin_s": fanin,
+            "fanout_median_s": med(fanout), "fanin_median_s": med(fanin)}
+
+
+def _model_bytes(job: dict[str, Any]) -> int:
+    spec = job["spec"]
+    w, d, c = spec["width"], spec["depth"], spec["classes"]
+    return 4 * (d * (w * w + w) + w * c + c)
+
+
+def combine(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """One data document from per-architecture sweeps (each taken in its own quiet-lock hold).
+
+    Every part keeps its own merged profile under ``profiles_by_arch``: each architecture is
+    predicted from the single-worker profile taken in the same session as its runs.
+    """
+    if not docs:
+        raise ValueError("nothing to combine")
+    out: dict[str, Any] = {"format": "failslow-dp-measured/3", "spec": docs[0]["spec"],
+                           "repeats": max(d["repeats"] for d in docs), "runs": [], "profiles_by_arch": {},
+                           "net": {}, "parts": []}
+    for d in docs:
+        archs = sorted({r["arch"] for r in d["runs"]})
+        out["runs"] += d["runs"]
+        for arch in archs:
+            out["profiles_by_arch"][arch] = d["profile"]
+        for kind, table in d.get("net", {}).items():
+            out["net"].setdefault(kind, {}).update(table)
+        out["parts"].append({"archs": archs, "profiles": d["profiles"], "started": d.get("started"),
+                             "finished": d.get("finished")})
+    # The first part's profile stays the document's default (older readers use "profile").
+    out["profile"] = docs[0]["profile"]
+    return out
+
+
 def _detail(job: dict[str, Any]) -> dict[str, Any]:
     """The per-rank timings worth keeping (diagnostics for the docs), compactly."""
     out: dict[str, Any] = {}
     for rank, r in job["ranks"].items():
         if "phases_s" in r:
             out[rank] = {"phases_mean_s": [statistics.fmean(p[i] for p in r["phases_s"]) for i in range(3)]}
+            if r.get("compute_cpu_s"):
+                out[rank]["compute_cpu_median_s"] = statistics.median(r["compute_cpu_s"])
     return out
 
 
@@ -127,7 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", default="1-8")
     ap.add_argument("--rate", default=RunSpec.rate)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-net", action="store_true", help="skip the network microbenchmarks")
+    ap.add_argument("--combine", type=Path, nargs="+", metavar="PART",
+                    help="instead of measuring, combine per-architecture sweep files into --out")
     args = ap.parse_args(argv)
+    if args.combine:
+        doc = combine([json.loads(f.read_text()) for f in args.combine])
+        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        return 0
     lo, _, hi = args.workers.partition("-")
     workers = list(range(int(lo), int(hi or lo) + 1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -136,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(d, indent=1) + "\n")
 
     sweep(RunSpec(arch="ring", workers=1, rate=args.rate), args.arch.split(","), workers, save=save,
-          repeats=args.repeats,
+          repeats=args.repeats, net=not args.no_net,
           log=lambda s: print(s, flush=True))
     return 0
 

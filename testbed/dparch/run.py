@@ -35,6 +35,8 @@ from testbed.netns import NODE_IFNAME, NetCluster, parse_rate, run_cmd
 
 FORMAT = "failslow-dp-profile/1"
 ARCHS = ("ring", "ps-sync", "ps-async")
+# Jobs that are not training runs: the single-worker profile and the network microbenchmarks.
+BENCHES = ("profile", "net-ring", "net-ps")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -63,12 +65,13 @@ class RunSpec:
     seed: int = 0
     calib_rounds: int = 12
     timeout_s: float = 300.0
+    pin_cpus: bool = True
 
     def ranks(self) -> int:
         """Processes in the run (a server for the parameter-server architectures, a peer for profiling)."""
-        if self.arch == "ring":
+        if self.arch in ("ring", "net-ring"):
             return self.workers
-        return self.workers + 1 if self.arch in ("ps-sync", "ps-async") else 2
+        return self.workers + 1 if self.arch in ("ps-sync", "ps-async", "net-ps") else 2
 
 
 def rate_bytes_per_s(rate: str) -> float:
@@ -111,12 +114,12 @@ def run_pool(specs: list[RunSpec], *, python: str | None = None) -> list[dict[st
         raise RunError("nothing to run")
     first = specs[0]
     for spec in specs:
-        if spec.arch not in (*ARCHS, "profile"):
+        if spec.arch not in (*ARCHS, *BENCHES):
             raise RunError(f"unknown architecture {spec.arch!r}")
         if spec.workers < 1:
             raise RunError("need at least one worker")
         same = ("rate", "cpu_cap", "cpu_period_us", "cpu_shares", "burst_bytes", "width", "depth", "classes",
-                "batch_size", "lr", "seed", "calib_rounds")
+                "batch_size", "lr", "seed", "calib_rounds", "pin_cpus")
         if any(getattr(spec, k) != getattr(first, k) for k in same):
             raise RunError("jobs of one pool must share rate, CPU cap and model")
     n = max(spec.ranks() for spec in specs)
@@ -160,6 +163,8 @@ def run_pool(specs: list[RunSpec], *, python: str | None = None) -> list[dict[st
             # (the quota, not the weight, is what bounds us: the sum of caps stays below the 2 cores).
             (cg.path / "cpu.shares").write_text(str(first.cpu_shares))
             cg.add(pid)
+            if first.pin_cpus:
+                pin(pid, rank)
         (run_dir / "go").write_text("go")
         deadline = time.monotonic() + sum(s.timeout_s for s in specs)
         for p in procs:
@@ -188,6 +193,29 @@ def run_pool(specs: list[RunSpec], *, python: str | None = None) -> list[dict[st
             cg.destroy()
         net.destroy()
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def pin(pid: int, rank: int) -> None:
+    """Bind every thread of a process to one CPU, rank by rank round-robin.
+
+    Why: CFS bandwidth control charges runtime per CPU run queue and only checks it at the 4 ms tick
+    (HZ=250), so a capped task overruns its 1.6 ms quota and the debt stays on the CPU where it was
+    made; a task that migrates leaves it behind and gets more than its cap, by an amount that depends
+    on how often neighbours push it around. Measured on this box (`docs/predict.md`): unpinned, the
+    CPU share of one capped worker drifted between 0.163 and 0.173 of a CPU from run to run (cap
+    0.156); pinned, 0.158-0.164. Threads created later (gloo's per-group I/O threads) inherit it.
+    """
+    cpus = sorted(os.sched_getaffinity(0))
+    target = {cpus[rank % len(cpus)]}
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError as exc:
+        raise RunError(f"cannot list threads of {pid}: {exc}") from exc
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, target)
+        except OSError as exc:
+            raise RunError(f"cannot pin thread {tid} of {pid} to CPU {target}: {exc}") from exc
 
 
 def _tail_logs(run_dir: Path) -> str:
@@ -266,8 +294,10 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
     r = job["ranks"]["0"]
     fwd, bwd = r["forward_s"], r["backward_s"]
     n = len(r["param_bytes"])
+    # Per-layer medians: a step caught by a neighbour's burst (or a whole-period throttle stall landing
+    # in one layer) must not move the profile; the step samples keep the spread for the simulation.
     layers = [{"name": f"{i}:{r['names'][i]}", "param_bytes": r["param_bytes"][i],
-               "forward_s": statistics.fmean(s[i] for s in fwd), "backward_s": statistics.fmean(s[i] for s in bwd)}
+               "forward_s": statistics.median(s[i] for s in fwd), "backward_s": statistics.median(s[i] for s in bwd)}
               for i in range(n)]
     link = fit_link(r["calibration"], rate_bytes_per_s(spec["rate"]))
     ring = fit_allreduce(r["allreduce_calibration"], rate_bytes_per_s(spec["rate"]))
@@ -275,9 +305,11 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
         "format": FORMAT,
         "batch_size": spec["batch_size"],
         "layers": layers,
-        "steps": {"forward_s": fwd, "backward_s": bwd},
-        "update_s": statistics.fmean(r["update_s"]),
-        "accumulate_s": statistics.fmean(r["accumulate_s"]),
+        "steps": {"forward_s": fwd, "backward_s": bwd,
+                  **({"idle_forward_s": r["idle_forward_s"], "idle_backward_s": r["idle_backward_s"]}
+                     if r.get("idle_forward_s") else {})},
+        "update_s": statistics.median(r["update_s"]),
+        "accumulate_s": statistics.median(r["accumulate_s"]),
         "link": {**{k: link[k] for k in ("bandwidth_bytes_per_s", "efficiency", "latency_s")},
                  "allreduce": {"efficiency": ring["efficiency"], "latency_s": ring["latency_s"]}},
         "overlap": False,
@@ -285,5 +317,6 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
                  "cpu_cap": spec["cpu_cap"], "cpu_period_us": spec["cpu_period_us"],
                  "model": {"width": spec["width"], "depth": spec["depth"], "classes": spec["classes"]},
                  "calibration": link, "allreduce_calibration": ring,
-                 "step_total_s": statistics.fmean(sum(a) + sum(b) for a, b in zip(fwd, bwd, strict=True))},
+                 "step_total_s": statistics.fmean(sum(a) + sum(b) for a, b in zip(fwd, bwd, strict=True)),
+                 "compute_cpu_s": statistics.median(r["compute_cpu_s"]) if r.get("compute_cpu_s") else None},
     }

@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,10 +147,13 @@ def run_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
     world = len(c.members)
     ends: list[float] = []
     phases: list[tuple[float, float, float]] = []  # compute, all-reduce, update (diagnostics)
+    cpu: list[float] = []  # CPU time of the compute phase: separates slower work from a late quota
     for _ in range(c.total):
         t0 = time.perf_counter()
+        c0 = time.thread_time()
         tr.forward_backward()
         flat = tr.gather_grad()
+        cpu.append(time.thread_time() - c0)
         t1 = time.perf_counter()
         if world > 1:
             dist.all_reduce(flat, group=c.group)
@@ -157,7 +161,7 @@ def run_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
         tr.apply_flat_grad(flat, 1.0 / world)
         ends.append(time.perf_counter())
         phases.append((t1 - t0, t2 - t1, ends[-1] - t2))
-    return {"step_end_s": ends, "phases_s": phases}
+    return {"step_end_s": ends, "phases_s": phases, "compute_cpu_s": cpu}
 
 
 def _ps_worker(c: Ctx, tr: Trainer) -> dict[str, Any]:
@@ -233,8 +237,11 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
         upd: list[float] = []
         acc: list[float] = []
         other = torch.zeros(tr.numel)
+        cpu: list[float] = []
         for i in range(c.total):
+            c0 = time.thread_time()
             f, b = tr.forward_backward(timing=True)
+            c1 = time.thread_time() - c0
             t0 = time.perf_counter()
             flat = tr.gather_grad()
             tr.apply_flat_grad(flat, 1.0)
@@ -246,7 +253,22 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
                 bwds.append(b)
                 upd.append(t1 - t0)
                 acc.append(t2 - t1)
-        out.update(forward_s=fwds, backward_s=bwds, update_s=upd, accumulate_s=acc, param_bytes=tr.param_bytes(),
+                cpu.append(c1)
+        # The same steps after 30 ms of idle each (3 CFS periods), as every step of a distributed run
+        # starts after waiting for the network: the quota is full then, so such a step is faster than
+        # one of a back-to-back sequence (steady throttling), by ~10 % at our cap (docs/predict.md).
+        idle_f: list[list[float]] = []
+        idle_b: list[list[float]] = []
+        for i in range(c.total):
+            time.sleep(0.03)
+            f, b = tr.forward_backward(timing=True)
+            flat = tr.gather_grad()
+            tr.apply_flat_grad(flat, 1.0)
+            if i >= c.warmup:
+                idle_f.append(f)
+                idle_b.append(b)
+        out.update(idle_forward_s=idle_f, idle_backward_s=idle_b)
+        out.update(compute_cpu_s=cpu, forward_s=fwds, backward_s=bwds, update_s=upd, accumulate_s=acc, param_bytes=tr.param_bytes(),
                    names=[type(b).__name__ if not isinstance(b, nn.Sequential) else "Linear+ReLU" for b in tr.model])
     dist.barrier(group=c.group)
     # Link calibration: ping-pong a 1-float request against replies of several sizes, so that the
@@ -284,7 +306,83 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
     return out
 
 
-RUNNERS = {"ring": run_ring, "ps-sync": run_ps_sync, "ps-async": run_ps_async, "profile": run_profile}
+def run_net_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
+    """Network microbenchmark: all-reduces of a whole-model buffer among the members, no compute.
+
+    Each round starts after a barrier and 20 ms of idle (as after a compute phase); every member
+    records its own all-reduce time. Characterises gloo's ring on the shaped links at this K without
+    any training, so the ring model can be checked against the collective alone.
+    """
+    buf = torch.zeros(tr.numel)
+    times: list[float] = []
+    for rnd in range(c.total):
+        dist.barrier(group=c.group)
+        time.sleep(0.02)
+        t0 = time.perf_counter()
+        dist.all_reduce(buf, group=c.group)
+        if rnd >= c.warmup:
+            times.append(time.perf_counter() - t0)
+    return {"allreduce_s": times}
+
+
+def run_net_ps(c: Ctx, tr: Trainer) -> dict[str, Any]:
+    """Network microbenchmark of a parameter server's link: fan-out and fan-in of whole models, no compute.
+
+    Fan-out: the first member sends the flat parameters to every other member at once; each receiver
+    records when its copy is complete (``perf_counter`` is one clock for all processes on the host).
+    Fan-in: every other member sends a flat gradient at once and the first member notes when each
+    arrives (polling the pending receives). The completion times show how real TCP flows share the
+    server's shaped link: in what order and how unevenly they finish, compared with processor sharing
+    (all end together at K·M/B) and FCFS (one every M/B).
+    """
+    server, workers = c.members[0], c.members[1:]
+    buf = torch.zeros(tr.numel)
+    bufs = {w: torch.zeros(tr.numel) for w in workers} if c.rank == server else {}
+    out: dict[str, list[Any]] = {"fanout_start": [], "fanout_done": [], "fanin_start": [], "fanin_done": []}
+    for rnd in range(c.total):
+        keep = rnd >= c.warmup
+        dist.barrier(group=c.group)
+        time.sleep(0.02)
+        if c.rank == server:
+            t0 = time.perf_counter()
+            for s in [dist.isend(buf, dst=w, group=c.group) for w in workers]:
+                s.wait()
+            if keep:
+                out["fanout_start"].append(t0)
+        else:
+            dist.recv(buf, src=server, group=c.group)
+            if keep:
+                out["fanout_done"].append(time.perf_counter())
+        dist.barrier(group=c.group)
+        time.sleep(0.02)
+        if c.rank == server:
+            # One blocking receive per worker in its own thread: a gloo receive's completion is only
+            # observed by waiting on it, and waiting on them in a fixed order would hide the order.
+            done: dict[int, float] = {}
+
+            def take(w: int, done: dict[int, float] = done) -> None:
+                dist.recv(bufs[w], src=w, group=c.group)
+                done[w] = time.perf_counter()
+
+            t0 = time.perf_counter()
+            threads = [threading.Thread(target=take, args=(w,)) for w in workers]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            if keep:
+                out["fanin_start"].append(t0)
+                out["fanin_done"].append([done[w] for w in workers])
+        else:
+            t0 = time.perf_counter()
+            dist.send(buf, dst=server, group=c.group)
+            if keep:
+                out["fanin_start"].append(t0)
+    return out
+
+
+RUNNERS = {"ring": run_ring, "ps-sync": run_ps_sync, "ps-async": run_ps_async, "profile": run_profile,
+           "net-ring": run_net_ring, "net-ps": run_net_ps}
 
 
 def main(argv: list[str]) -> int:
