@@ -121,6 +121,13 @@ class Control(IntFlag):
     SUSPEND = 2
 
 
+class ClockSource(IntEnum):
+    """How a producer takes its record timestamps (header ``clock_source``); all are CLOCK_MONOTONIC ns."""
+
+    MONOTONIC = 0  #: clock_gettime(CLOCK_MONOTONIC) / time.monotonic_ns()
+    TSC = 1  #: the CPU's invariant counter mapped onto CLOCK_MONOTONIC by the shim (< 1 us off)
+
+
 class Producer(IntEnum):
     """Which tracking path writes a ring."""
 
@@ -202,7 +209,7 @@ HEADER_FIELDS: Final[tuple[tuple[str, str, int], ...]] = (
     ("job", "64s", 80),
     ("hostname", "64s", 144),
     ("features", "I", 208),
-    ("reserved0", "I", 212),
+    ("clock_source", "I", 212),
     ("write_index", "Q", 256),
     ("dropped", "Q", 320),
     ("overwritten", "Q", 328),
@@ -257,6 +264,15 @@ class RingHeader:
     control: int
     suspend_timeout_ms: int
     suspended: int
+    clock_source: int = 0
+
+    @property
+    def clock_name(self) -> str:
+        """``monotonic`` or ``tsc``: where the producer's timestamps come from (``unknown`` otherwise)."""
+        try:
+            return ClockSource(self.clock_source).name.lower()
+        except ValueError:
+            return "unknown"
 
     @property
     def producer_name(self) -> str:
@@ -301,7 +317,7 @@ def parse_header(buf: bytes | bytearray | memoryview) -> RingHeader:
         raise InputError(f"bad ring capacity {cap}")
     vals["job"] = _cstr(vals["job"])
     vals["hostname"] = _cstr(vals["hostname"])
-    for k in ("magic", "reserved0", "reserved1"):
+    for k in ("magic", "reserved1"):
         vals.pop(k)
     return RingHeader(**vals)
 

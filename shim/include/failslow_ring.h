@@ -60,6 +60,10 @@ extern "C" {
 #define FAILSLOW_PRODUCER_TORCH 2u
 #define FAILSLOW_PRODUCER_PYTHON 3u
 
+/* header.clock_source: how the producer takes its timestamps (all are CLOCK_MONOTONIC ns) */
+#define FAILSLOW_CLOCK_MONOTONIC 0u /* clock_gettime(CLOCK_MONOTONIC) / time.monotonic_ns() */
+#define FAILSLOW_CLOCK_TSC 1u       /* the CPU's invariant counter mapped onto CLOCK_MONOTONIC (< 1 us off) */
+
 /* header.features */
 #define FAILSLOW_FEAT_CUDA 1u      /* libcudart loaded: PROFILE can take effect */
 #define FAILSLOW_FEAT_REAL_NCCL 2u /* the real NCCL entry points were resolved */
@@ -147,7 +151,7 @@ struct failslow_ring_header {
     char job[64];             /*   80 job id, NUL-terminated (truncated) */
     char hostname[64];        /*  144 NUL-terminated (truncated) */
     uint32_t features;        /*  208 FAILSLOW_FEAT_* */
-    uint32_t reserved0;       /*  212 */
+    uint32_t clock_source;    /*  212 FAILSLOW_CLOCK_* (was reserved, zero = monotonic) */
     uint8_t pad0[40];         /*  216 */
     uint64_t write_index;     /*  256 records claimed so far (own cache line: the hot counter) */
     uint8_t pad1[56];         /*  264 */

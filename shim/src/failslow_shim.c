@@ -269,6 +269,8 @@ static __attribute__((noinline, cold)) int64_t clk_reanchor(void) {
             if (__atomic_add_fetch(&g_clk_faults, 1, __ATOMIC_RELAXED) >= CLK_MAX_FAULTS) {
                 dbg("%s", "failslow shim: the tick counter disagrees with CLOCK_MONOTONIC; using clock_gettime\n");
                 __atomic_store_n(&g_clk_mode, CLK_MONO, __ATOMIC_RELAXED);
+                struct failslow_ring_header *h = __atomic_load_n(&g_ring, __ATOMIC_ACQUIRE);
+                if (h) __atomic_store_n(&h->clock_source, FAILSLOW_CLOCK_MONOTONIC, __ATOMIC_RELAXED);
             }
         }
     }
@@ -746,6 +748,8 @@ static struct failslow_ring_header *create_ring(void) {
     clk_init(); /* the tick counter's calibration (~1 ms, once per process) before any record is written */
     load_cuda();
     h->features = (g_cuda.ok ? FAILSLOW_FEAT_CUDA : 0u);
+    h->clock_source = __atomic_load_n(&g_clk_mode, __ATOMIC_RELAXED) == CLK_TSC ? FAILSLOW_CLOCK_TSC
+                                                                                : FAILSLOW_CLOCK_MONOTONIC;
     if (rename(tmp, g_ring_path) != 0) {
         munmap(m, size);
         unlink(tmp);

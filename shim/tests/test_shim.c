@@ -589,6 +589,13 @@ static int mode_clock(void) {
     CHECK(g_shim_now && source && stats, "libfailslow_shim.so is not preloaded (LD_PRELOAD)");
     const char *src = source();
     CHECK(!expect || !*expect || strcmp(src, expect) == 0, "clock source %s, expected %s", src, expect);
+    {
+        ncclComm_t c0 = init_comm(1, 0, 0x5B); /* the ring, and its header's clock_source */
+        struct failslow_ring_header *h0 = map_ring(shim_ring_path());
+        CHECK(h0->clock_source == (strcmp(src, "tsc") ? FAILSLOW_CLOCK_MONOTONIC : FAILSLOW_CLOCK_TSC),
+              "header clock_source %u for %s", h0->clock_source, src);
+        CHECK(ncclCommDestroy(c0) == ncclSuccess, "destroy");
+    }
     /* 1: many threads, each reading the shim's clock between two clock_gettime reads */
     pthread_t th[CLOCK_THREADS];
     for (long t = 0; t < CLOCK_THREADS; t++) CHECK(pthread_create(&th[t], NULL, clock_thread, (void *)t) == 0, "thread");

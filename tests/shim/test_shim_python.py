@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import subprocess
 import time
 from collections.abc import Iterator
@@ -91,3 +92,39 @@ def test_python_controller_suspends_and_releases(serving: tuple[subprocess.Popen
     assert int(recs["op"][0]) == Op.ALLREDUCE and int(recs["count"][0]) == 4242
     assert int(recs["flags"][0]) & Flag.SUSPENDED and not int(recs["flags"][0]) & Flag.SUSPEND_TIMEOUT
     assert r.header.suspended == 0
+
+
+# The record clock forced each way (the TSC path exists on x86-64 and aarch64 only).
+CLOCKS = ["monotonic", *(["tsc"] if platform.machine() in ("x86_64", "aarch64") else [])]
+
+
+@pytest.mark.parametrize("clock", CLOCKS)
+def test_shim_times_agree_with_python_monotonic(built: Path, tmp_path: Path, clock: str) -> None:
+    """Readers compare record times across processes: a call's entry/return times, taken by the shim in
+    another process (from the TSC mapped onto CLOCK_MONOTONIC, or clock_gettime), must fall inside this
+    process's time.monotonic_ns() bracket around the request and the reply."""
+    env = {**os.environ, "LD_PRELOAD": str(built / "libfailslow_shim.so"), "FAILSLOW_SHM_DIR": str(tmp_path),
+           "FAILSLOW_CLOCK": clock}
+    p = subprocess.Popen([str(built / "test_shim"), "serve"], env=env, stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdin is not None and p.stdout is not None
+    try:
+        r = RingReader(Path(p.stdout.readline().strip()))
+        assert r.header.clock_name == clock
+        r.read_new()
+        tol = 5_000  # ns: the TSC mapping's bound in docs/shim.md is < 1 us; measured ~50 ns
+        for i in range(20):
+            t0 = time.monotonic_ns()
+            p.stdin.write(f"{i}\n")
+            p.stdin.flush()
+            assert p.stdout.readline().strip() == "done"
+            t1 = time.monotonic_ns()
+            rec = r.read_new()
+            assert len(rec) == 1 and int(rec["count"][0]) == i
+            te, tr = int(rec["t_enqueue_ns"][0]), int(rec["t_return_ns"][0])
+            assert t0 - tol <= te <= tr <= t1 + tol, (t0, te, tr, t1)
+            time.sleep(0.002)  # longer than a piece of the TSC mapping: the next call re-anchors
+    finally:
+        p.stdin.close()
+        p.wait(timeout=30)
+    assert p.returncode == 0
