@@ -23,10 +23,14 @@ from failslow.predict.profile import LayerProfile, Profile
 
 TITLE = "Throughput prediction (failslow predict)"
 ROOT = Path(__file__).resolve().parent.parent
-DATA = ROOT / "docs" / "data" / "predict-measured.json"
+# The sweep the accuracy figures come from: session 2's protocol (pinned ranks, longer runs, after-idle
+# profile, network microbenchmarks), one quiet-lock hold per architecture, combined.
+DATA = ROOT / "docs" / "data" / "predict-measured-4.json"
 CALIBRATION = sorted((ROOT / "docs" / "data").glob("predict-calibration-*.json"))
-# Further sweeps taken with the same code and defaults after the test sweep (no change in between).
-REPEATS = sorted((ROOT / "docs" / "data").glob("predict-measured-*.json"))
+# Session 1's sweeps (old protocol: unpinned, 8-14 steps per run, back-to-back profile), re-predicted
+# with today's models for comparison.
+EARLIER = [ROOT / "docs" / "data" / f for f in ("predict-measured.json", "predict-measured-2.json",
+                                                  "predict-measured-3.json")]
 PLOT = ROOT / "docs" / "predict-accuracy.png"
 ARCHS = ("ring", "ps-sync", "ps-async")
 MODELS = ("coarse", "fine")
@@ -49,8 +53,13 @@ SELECTION = (("ps-sync", "coarse", "hybrid"), ("ps-sync", "coarse", "ps"), ("ps-
              ("ps-async", "fine", "ps"))
 
 
+def profile_for(doc: dict[str, Any], arch: str) -> Profile:
+    """The profile an architecture is predicted from: the one taken in the same hold as its runs."""
+    return parse_profile(doc.get("profiles_by_arch", {}).get(arch, doc["profile"]))
+
+
 def _errors(doc: dict[str, Any], arch: str, model: str, link: str | None) -> list[float]:
-    prof = parse_profile(doc["profile"])
+    prof = profile_for(doc, arch)
     meas = {int(r["workers"]): float(r["samples_per_s"]) for r in doc["runs"] if r["arch"] == arch}
     ks = sorted(meas)
     pred = predict(prof, ks, arch=arch, model=model, link=link, steps=200, seed=0)
@@ -90,9 +99,70 @@ def accuracy(doc: dict[str, Any]) -> tuple[dict[tuple[str, str, str | None], dic
             continue
         meas = measured[arch]
         ks = sorted(meas)
-        pred = predict(prof, ks, arch=arch, model=model, link=link, steps=200, seed=0)
+        pred = predict(profile_for(doc, arch), ks, arch=arch, model=model, link=link, steps=200, seed=0)
         out[(arch, model, link)] = {k: (meas[k], pred.throughput[k]) for k in ks}
     return out, prof
+
+
+def _n_profiles(doc: dict[str, Any]) -> int:
+    if "parts" in doc:
+        return sum(len(part["profiles"]) for part in doc["parts"])
+    return len(doc.get("profiles", []))
+
+
+def characterisation(doc: dict[str, Any]) -> list[str]:
+    """Profile and network figures of the sweep: what the models are calibrated from, and checks of it."""
+    lines: list[str] = []
+    parts = doc.get("parts")
+    if parts:
+        lines += ["", "### Single-worker profile (per hold)", "",
+                  "Step = forward + backward of all layers (medians over every profiling run of the hold). "
+                  "Back to back: steps in a sequence (steady throttling; a lone ring worker). After idle: each "
+                  "step after 30 ms of waiting (the quota is full), as every step of a distributed run starts.",
+                  "", "| hold | profiling runs | back to back | after idle | ratio | CPU per step | link eff. | "
+                  "α link | ring eff. | α ring hop |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for part in parts:
+            for prof_doc in [doc["profiles_by_arch"][part["archs"][0]]]:
+                p = parse_profile(prof_doc)
+                sf, sb = p.step_samples()
+                q = p.after_idle()
+                qf, qb = q.step_samples()
+                b2b = float(np.median(sf.sum(axis=1) + sb.sum(axis=1)))
+                idle = float(np.median(qf.sum(axis=1) + qb.sum(axis=1)))
+                cpus = [x["meta"].get("compute_cpu_s") for x in part["profiles"]]
+                cpu = f"{1e3 * float(np.median([c for c in cpus if c])):.1f} ms" if any(cpus) else "–"
+                lines.append(f"| {', '.join(part['archs'])} | {len(part['profiles'])} | {1e3 * b2b:.1f} ms | "
+                             f"{1e3 * idle:.1f} ms | {idle / b2b:.3f} | {cpu} | {p.link_efficiency:.3f} | "
+                             f"{1e3 * p.latency_s:.2f} ms | {p.ring_bandwidth / p.bandwidth_bytes_per_s:.3f} | "
+                             f"{1e3 * p.ring_hop_latency:.2f} ms |")
+    net = doc.get("net", {})
+    if "ring" in net:
+        p = profile_for(doc, "ring")
+        lines += ["", "### Network alone: gloo ring all-reduce vs the ring model's communication term", "",
+                  f"All-reduce of the whole model ({p.model_bytes / 1e6:.2f} MB) among K capped ranks, no compute "
+                  "(`net-ring`, slowest rank per round, median of rounds). Model: 2(K−1)(M/(K·B_ring) + α_ring) "
+                  "with B_ring and α_ring fitted from the 2-rank calibration of the profile only.", "",
+                  "| K | measured | model | error |", "|---|---|---|---|"]
+        for k in sorted(net["ring"], key=int):
+            kk = int(k)
+            model = 2 * (kk - 1) * (p.model_bytes / (kk * p.ring_bandwidth) + p.ring_hop_latency)
+            m = net["ring"][k]["median_s"]
+            lines.append(f"| {kk} | {1e3 * m:.1f} ms | {1e3 * model:.1f} ms | {100 * (model / m - 1):+.1f}% |")
+    if "ps" in net:
+        p = profile_for(doc, "ps-sync") if "ps-sync" in doc.get("profiles_by_arch", {}) else profile_for(doc, "ps-async")
+        mb = p.model_bytes / p.effective_bandwidth
+        lines += ["", "### Network alone: how K flows share the server link", "",
+                  "The server sends the model to K workers at once (fan-out), or K workers send a gradient at "
+                  "once (fan-in); completion times of the first, middle and last flow (median of rounds), in "
+                  f"units of one transfer alone M/B_eff = {1e3 * mb:.1f} ms. Processor sharing: all end at K; "
+                  "FCFS: 1, 2, …, K.", "",
+                  "| K | fan-out first / middle / last | fan-in first / middle / last |", "|---|---|---|"]
+        for k in sorted(net["ps"], key=int):
+            r = net["ps"][k]
+            fo, fi = r["fanout_median_s"], r["fanin_median_s"]
+            cell = lambda v: " / ".join(f"{x / mb:.2f}" for x in (v[0], v[len(v) // 2], v[-1]))  # noqa: E731
+            lines.append(f"| {k} | {cell(fo)} | {cell(fi)} |")
+    return lines
 
 
 def _plot(acc: dict[tuple[str, str, str | None], dict[int, tuple[float, float]]]) -> None:
@@ -154,7 +224,8 @@ def run() -> str:
             f"capped at {doc['spec']['cpu_cap']:.3f} CPU, MLP {prof.n_layers} layers, "
             f"{prof.model_bytes / 1e6:.2f} MB of parameters, batch {prof.batch_size}/worker; median of "
             f"{doc.get('repeats', 1)} runs per point). Predictions are recomputed now from the profile in that "
-            f"file ({len(doc['profiles'])} single-worker profiling runs spread over the sweep, merged). Error = "
+            f"file ({_n_profiles(doc)} single-worker profiling runs spread over the sweeps; each architecture is "
+            "predicted from the profiles taken in its own quiet-lock hold, merged). Error = "
             "predicted / measured − 1. Plot: `docs/predict-accuracy.png`.",
             "",
             "| arch | model | " + " | ".join(f"K={k}" for k in ks) + " | mean abs | max abs |",
@@ -188,15 +259,18 @@ def run() -> str:
             lines += ["", f"Run-to-run spread of the measurement itself ({doc.get('repeats')} runs per point, "
                       f"shuffled order, shared machine): coefficient of variation mean {100 * np.mean(spread):.1f}%, "
                       f"max {100 * np.max(spread):.1f}%."]
-        if REPEATS:
-            reps = [json.loads(f.read_text()) for f in REPEATS]
+        earlier = [f for f in EARLIER if f.exists()]
+        if earlier:
+            reps = [json.loads(f.read_text()) for f in earlier]
             defaults = tuple((a, m, None) for a in ARCHS for m in MODELS)
-            lines += ["", "### The same defaults on a repeat sweep", "",
-                      "Taken after the test sweep with no change to code or defaults ("
-                      + ", ".join(f"`{f.relative_to(ROOT)}`" for f in REPEATS)
+            lines += ["", "### Session 1's sweeps with today's models", "",
+                      "The same defaults on the sweeps taken with the old protocol (unpinned ranks, 8–14 steps "
+                      "per run, back-to-back profile only, shared busy machine: "
+                      + ", ".join(f"`{f.relative_to(ROOT)}`" for f in earlier)
                       + "). Cells: mean / max |error| over K = 1…8.", "",
-                      "| arch | model | link | test | " + " | ".join(f"repeat {i + 1}" for i in range(len(reps)))
+                      "| arch | model | link | this sweep | " + " | ".join(f"old {i + 1}" for i in range(len(reps)))
                       + " |", "|---|---|---|---|" + "---|" * len(reps), *_rows(defaults, [doc, *reps])]
+        lines += characterisation(doc)
         if CALIBRATION:
             cal = [json.loads(f.read_text()) for f in CALIBRATION]
             lines += ["", "### How the default link models were chosen", "",

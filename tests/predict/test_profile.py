@@ -69,3 +69,24 @@ def test_read_profile_errors(tmp_path: Path) -> None:
         read_profile(bad)
     with pytest.raises(InputError, match="cannot read"):
         read_profile(tmp_path)
+
+
+def test_after_idle_samples_round_trip_and_replace_the_steps() -> None:
+    p = make_profile(jitter=0.1)
+    idle_f = p.step_forward_s * 0.9
+    idle_b = p.step_backward_s * 0.9
+    doc = profile_to_doc(p)
+    doc["steps"].update(idle_forward_s=idle_f.tolist(), idle_backward_s=idle_b.tolist())
+    q = parse_profile(json.loads(json.dumps(doc)))
+    np.testing.assert_allclose(q.idle_step_forward_s, idle_f)
+    r = parse_profile(profile_to_doc(q))  # written back too
+    np.testing.assert_allclose(r.idle_step_backward_s, idle_b)
+    a = q.after_idle()
+    np.testing.assert_allclose(a.step_forward_s, idle_f)
+    np.testing.assert_allclose(a.forward_s, np.median(idle_f, axis=0))
+    np.testing.assert_allclose(a.backward_s, np.median(idle_b, axis=0))
+    plain = make_profile()
+    assert plain.after_idle() is plain  # nothing recorded: the profile itself
+    doc["steps"]["idle_backward_s"] = [[1.0]]
+    with pytest.raises(InputError, match="idle_backward_s"):
+        parse_profile(doc)

@@ -1,0 +1,82 @@
+"""The sweep's data handling without running it: merged profiles, combined holds, microbenchmark tables."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from failslow.predict import parse_profile, predict
+from failslow.predict.profile import profile_to_doc
+from testbed.dparch.measure import _net_ps, _net_ring, combine, merge_profiles
+from tests.predict.conftest import make_profile
+
+
+def _prof_doc(scale: float) -> dict:
+    p = make_profile(jitter=0.1)
+    doc = profile_to_doc(p)
+    doc["steps"]["forward_s"] = (p.step_forward_s * scale).tolist()
+    doc["steps"]["idle_forward_s"] = (p.step_forward_s * scale * 0.8).tolist()
+    doc["steps"]["idle_backward_s"] = p.step_backward_s.tolist()
+    doc["link"]["allreduce"] = {"efficiency": 0.9, "latency_s": 0.001}
+    return doc
+
+
+def test_merge_takes_medians_so_one_slow_profiling_run_does_not_move_the_profile() -> None:
+    merged = merge_profiles([_prof_doc(1.0), _prof_doc(1.0), _prof_doc(5.0)])
+    one = _prof_doc(1.0)
+    for got, want in zip(merged["layers"], one["layers"], strict=True):
+        assert got["forward_s"] == pytest.approx(np.median([r[one["layers"].index(want)] for r in
+                                                            one["steps"]["forward_s"]]), rel=0.35)
+    assert len(merged["steps"]["forward_s"]) == 3 * 40
+    assert len(merged["steps"]["idle_forward_s"]) == 3 * 40
+    p = parse_profile(merged)
+    assert p.after_idle().forward_s.sum() < p.forward_s.sum()
+
+
+def test_predict_uses_after_idle_steps_except_for_a_lone_ring_worker() -> None:
+    p = parse_profile(_prof_doc(1.0))
+    slow = parse_profile({**_prof_doc(1.0), "steps": {k: v for k, v in _prof_doc(1.0)["steps"].items()
+                                                       if not k.startswith("idle")}})
+    ring = predict(p, [1, 2], arch="ring")
+    plain = predict(slow, [1, 2], arch="ring")
+    assert ring.throughput[1] == pytest.approx(plain.throughput[1])  # back to back at K = 1
+    assert ring.throughput[2] > plain.throughput[2]  # faster after-idle steps at K = 2
+    assert predict(p, [1], arch="ps-sync").throughput[1] > predict(slow, [1], arch="ps-sync").throughput[1]
+
+
+def test_combine_keeps_each_holds_profile_for_its_architectures() -> None:
+    a = {"spec": {"rate": "200mbit"}, "repeats": 4, "profile": _prof_doc(1.0), "profiles": [_prof_doc(1.0)],
+         "runs": [{"arch": "ring", "workers": 1, "samples_per_s": 10.0}],
+         "net": {"ring": {"2": {"median_s": 0.1}}}}
+    b = {"spec": {"rate": "200mbit"}, "repeats": 3, "profile": _prof_doc(2.0), "profiles": [_prof_doc(2.0)] * 2,
+         "runs": [{"arch": "ps-sync", "workers": 1, "samples_per_s": 5.0},
+                  {"arch": "ps-async", "workers": 1, "samples_per_s": 6.0}],
+         "net": {"ps": {"1": {"fanout_median_s": [0.05]}}}}
+    doc = combine([a, b])
+    assert doc["repeats"] == 4 and len(doc["runs"]) == 3
+    assert doc["profiles_by_arch"]["ring"] is a["profile"]
+    assert doc["profiles_by_arch"]["ps-sync"] is b["profile"] and doc["profiles_by_arch"]["ps-async"] is b["profile"]
+    assert set(doc["net"]) == {"ring", "ps"}
+    assert [p["archs"] for p in doc["parts"]] == [["ring"], ["ps-async", "ps-sync"]]
+    with pytest.raises(ValueError):
+        combine([])
+
+
+def _job(arch: str, k: int, ranks: dict) -> dict:
+    return {"spec": {"arch": arch, "workers": k, "width": 4, "depth": 1, "classes": 2}, "ranks": ranks}
+
+
+def test_network_microbenchmark_tables() -> None:
+    ring = _net_ring(_job("net-ring", 2, {"0": {"allreduce_s": [0.1, 0.3, 0.2]},
+                                          "1": {"allreduce_s": [0.15, 0.1, 0.2]}}))
+    assert ring["allreduce_s"] == [0.15, 0.3, 0.2]  # the slowest member of each round
+    assert ring["median_s"] == pytest.approx(0.2)
+    assert ring["bytes"] == 4 * (4 * 4 + 4 + 4 * 2 + 2)
+    ps = _net_ps(_job("net-ps", 2, {
+        "0": {"fanout_start": [10.0, 20.0], "fanin_done": [[31.0, 30.5], [41.0, 41.5]]},
+        "1": {"fanout_done": [10.5, 20.4], "fanin_start": [30.0, 40.0]},
+        "2": {"fanout_done": [10.2, 20.6], "fanin_start": [30.1, 40.1]},
+    }))
+    assert ps["fanout_s"] == [pytest.approx([0.2, 0.5]), pytest.approx([0.4, 0.6])]
+    assert ps["fanin_s"] == [pytest.approx([0.4, 0.9]), pytest.approx([0.9, 1.4])]
+    assert ps["fanout_median_s"] == pytest.approx([0.3, 0.55])
