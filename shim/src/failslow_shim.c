@@ -225,7 +225,8 @@ static void clk_setup(void) {
         while (mono_ns() - ma < CLK_CALIB_NS) {
         }
         int64_t mb = clk_pair(&tb, &wb);
-        double rate = tb > ta ? (double)(mb - ma) / (double)(tb - ta) : 0.0; /* ns per tick */
+        double rate = (wa != UINT64_MAX && wb != UINT64_MAX && tb > ta) ? (double)(mb - ma) / (double)(tb - ta)
+                                                                         : 0.0; /* ns per tick */
         if (rate > 0.01 && rate < 100.0) {
             g_clk_mult = (uint64_t)(rate * 4294967296.0 + 0.5);
             uint64_t piece = (uint64_t)((double)CLK_PIECE_NS / rate);
@@ -253,6 +254,13 @@ static __attribute__((noinline, cold)) int64_t clk_reanchor(void) {
     struct clk_piece *c = &t_clk;
     uint64_t tsc, width;
     int64_t m = clk_pair(&tsc, &width);
+    if (UNLIKELY(width == UINT64_MAX)) { /* the counter went backwards inside every bracket: no anchor now */
+        c->limit = 0;                    /* the next timestamp tries again */
+        int64_t now = mono_ns(), r = now > c->last ? now : c->last;
+        c->last = r;
+        errno = saved;
+        return r;
+    }
     __atomic_add_fetch(&g_clk_reanchors, 1, __ATOMIC_RELAXED);
     int64_t bracket = (int64_t)(((unsigned __int128)width * g_clk_mult) >> 32);
     if (bracket > __atomic_load_n(&g_clk_max_bracket_ns, __ATOMIC_RELAXED))
