@@ -49,7 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="coarse", choices=["coarse", "fine"],
                    help="coarse closed forms / MVA, or fine-grained discrete-event simulation")
     p.add_argument("--bandwidth", help="link rate replacing the profile's, e.g. 100mbit, 12.5MB/s, 1e7 (bytes/s)")
-    p.add_argument("--link", help="link model: ps-sync coarse ps|fcfs|hybrid; ps-async auto|ps|fcfs; fine ps|fcfs|auto")
+    p.add_argument("--link", help="link model: ps-sync coarse ps|fcfs|hybrid; ps-async auto|ps|fcfs|hybrid; "
+                   "fine ps|fcfs|tcp|hybrid|auto")
     ov = p.add_mutually_exclusive_group()
     ov.add_argument("--overlap", dest="overlap", action="store_true", default=None,
                     help="per-layer communication overlapping compute (default: as profiled)")

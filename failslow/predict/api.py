@@ -55,8 +55,9 @@ def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model:
         arch: ``ring``, ``ps-sync`` or ``ps-async``.
         model: ``coarse`` (closed forms / MVA) or ``fine`` (discrete-event simulation).
         bandwidth: nominal link rate in bytes/s replacing the profile's.
-        link: coarse: link model (see `coarse_throughput`); fine: ``ps``/``fcfs`` sharing of the server
-            links, ``hybrid`` (the mean of both simulations; default for ps-async, ``ps`` for ps-sync) or
+        link: coarse: link model (see `coarse_throughput`); fine: ``ps``/``fcfs``/``tcp`` sharing of the
+            server links (``tcp``: uneven sharing as measured by the profile's microbenchmark; the ps-sync
+            default when the profile has it), ``hybrid`` (the mean of both simulations; default for ps-async, ``ps`` for ps-sync) or
             ``auto`` (the coarse async model's utilisation-threshold pick).
         overlap: override the profile's overlap flag.
         slowdown: compute slowdown factors of the first workers (the rest run at profile speed).
@@ -101,6 +102,9 @@ def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model:
             kinds = ["ps"]
         elif link == "fcfs":
             kinds = ["fcfs"]
+        elif link == "tcp" or (link is None and a == "ps-sync" and pk.share_sigma_down is not None):
+            # Simultaneous transfers finish in some order (measured by the fan-out/fan-in microbenchmark).
+            kinds = ["tcp"]
         elif link == "auto":
             kinds = [ps_async(pk, int(k), overlap=overlap, slowdown=sd).link_kind if a == "ps-async" else "ps"]
         elif link == "hybrid" or (link is None and a == "ps-async"):
@@ -111,7 +115,7 @@ def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model:
             # defaults were chosen on calibration sweeps, see docs/predict.md).
             kinds = ["ps"]
         else:
-            raise InputError(f"fine model link sharing must be hybrid, ps, fcfs or auto, got {link!r}")
+            raise InputError(f"fine model link sharing must be hybrid, ps, fcfs, tcp or auto, got {link!r}")
         rates = []
         events = 0
         for kind in kinds:

@@ -35,7 +35,7 @@ from failslow.errors import InputError
 from failslow.predict.profile import Profile
 
 FloatArray = npt.NDArray[np.float64]
-Sharing = Literal["fcfs", "ps"]
+Sharing = Literal["fcfs", "ps", "tcp"]
 Arch = Literal["ring", "ps-sync", "ps-async"]
 
 Callback = Callable[[Any], None]
@@ -162,6 +162,112 @@ class _PsLink:
             self.sim.after(self.latency, f[2], f[3])
 
 
+class _TcpLink(_PsLink):
+    """Weighted processor sharing with a random weight per transfer: how TCP flows really share a link.
+
+    K flows through one shaped link do not get exactly 1/K each: some grab more (window and timing
+    luck) and finish early, the others take the rest — flows end in some order instead of all at once.
+    Each transfer draws a weight w = exp(σ·z), z ~ N(0, 1); active flows split the rate in proportion
+    to their weights (water-filling under the per-flow cap). σ = 0 is plain processor sharing, large σ
+    approaches one-at-a-time (FCFS in random order). σ is a property of the link, fitted from a
+    separate fan-out/fan-in microbenchmark (`fit_sharing_sigma`), never from the throughput sweep.
+    """
+
+    __slots__ = ("rng", "sigma")
+
+    def __init__(self, sim: _Sim, rate: float, flow_cap: float, latency: float, sigma: float,
+                 rng: np.random.Generator) -> None:
+        super().__init__(sim, rate, flow_cap, latency)
+        self.sigma = sigma
+        self.rng = rng
+
+    def send(self, nbytes: float, cb: Callback, arg: Any = None) -> None:
+        self._advance()
+        self.flows.append([float(nbytes), 0.0, cb, arg, float(np.exp(self.sigma * self.rng.standard_normal()))])
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        if not self.flows:
+            return
+        rates = weighted_share([f[4] for f in self.flows], self.rate, self.cap)
+        nxt = float("inf")
+        for f, r in zip(self.flows, rates, strict=True):
+            f[1] = r
+            if r > 0:  # a flow with a negligible weight waits until the others are done
+                nxt = min(nxt, f[0] / r)
+        self.token += 1
+        self.sim.after(max(nxt, 0.0), self._complete, self.token)
+
+
+def weighted_share(weights: Sequence[float], rate: float, cap: float) -> list[float]:
+    """Rates of flows sharing `rate` in proportion to `weights`, none above `cap` (water-filling)."""
+    order = sorted(range(len(weights)), key=lambda i: -weights[i])
+    left_rate = rate
+    left_w = float(sum(weights))
+    out = [0.0] * len(weights)
+    for i in order:  # the heaviest flows hit the cap first; what they cannot use goes to the rest
+        r = max(0.0, min(cap, left_rate * weights[i] / left_w)) if left_w > 0 else 0.0
+        out[i] = r
+        left_rate -= r
+        left_w -= weights[i]
+    return out
+
+
+def fan_completion(k: int, sigma: float, *, rounds: int = 400, seed: int = 0) -> FloatArray:
+    """Expected sorted completion times of K equal transfers started together on a `_TcpLink`.
+
+    In units of one transfer alone (size / rate); per-flow cap = the link rate. Processor sharing
+    (σ = 0) gives K for every flow, one-at-a-time gives 1, 2, …, K.
+    """
+    rng = np.random.default_rng(seed)
+    out = np.zeros(k)
+    for _ in range(rounds):
+        w = np.exp(sigma * rng.standard_normal(k))
+        left = np.ones(k)
+        active = list(range(k))
+        t = 0.0
+        done = []
+        while active:
+            rates = weighted_share([float(w[i]) for i in active], 1.0, 1.0)
+            dt = min(left[i] / r for i, r in zip(active, rates, strict=True) if r > 0)
+            t += dt
+            for i, r in zip(active, rates, strict=True):
+                left[i] -= r * dt
+            finished = [i for i in active if left[i] <= 1e-9]
+            done += [t] * len(finished)
+            active = [i for i in active if left[i] > 1e-9]
+        out += np.sort(done)
+    return out / rounds
+
+
+def fit_sharing_sigma(completions: dict[int, Sequence[float]], *, grid: Sequence[float] | None = None) -> float:
+    """σ of `_TcpLink` that best reproduces measured fan-out (or fan-in) completion times.
+
+    Args:
+        completions: K → sorted completion times of K simultaneous equal transfers, in units of one
+            transfer alone (from the network microbenchmark).
+        grid: candidate σ values (default 0 … 3 in steps of 0.05).
+
+    Returns:
+        the σ minimising the squared error of the normalised completion curves over all K ≥ 2.
+    """
+    cands = np.arange(0.0, 3.0001, 0.05) if grid is None else np.asarray(grid, dtype=np.float64)
+    use = {k: np.asarray(v, dtype=np.float64) for k, v in completions.items() if k >= 2}
+    if not use:
+        return 0.0
+    best, best_err = 0.0, float("inf")
+    for sg in cands:
+        err = 0.0
+        for k, v in use.items():
+            # Compare shapes (completion / last completion): absolute times also carry the link's
+            # efficiency and latency, which the profile's point-to-point fit already accounts for.
+            model = fan_completion(k, float(sg), rounds=100)
+            err += float(np.mean((model / model[-1] - v / v[-1]) ** 2))
+        if err < best_err:
+            best, best_err = float(sg), err
+    return best
+
+
 class _Ring:
     """Ring all-reduce: one bucket at a time round the ring, each once every worker has produced it."""
 
@@ -234,9 +340,16 @@ class _Job:
         self.sim = _Sim()
         bw = p.effective_bandwidth
         cap = bw if flow_cap is None else flow_cap
-        link_cls = _PsLink if sharing == "ps" else _FcfsLink
-        self.down = link_cls(self.sim, bw, cap, p.latency_s)
-        self.up = link_cls(self.sim, bw, cap, p.latency_s)
+        if sharing == "tcp":
+            # Own generator for the flow weights, so the compute draws below stay those of the seed.
+            link_rng = np.random.default_rng(rng.bit_generator.seed_seq.spawn(1)[0])  # type: ignore[attr-defined]
+            self.down: _PsLink | _FcfsLink = _TcpLink(self.sim, bw, cap, p.latency_s, p.share_sigma_down or 0.0,
+                                                      link_rng)
+            self.up: _PsLink | _FcfsLink = _TcpLink(self.sim, bw, cap, p.latency_s, p.share_sigma_up or 0.0, link_rng)
+        else:
+            link_cls = _PsLink if sharing == "ps" else _FcfsLink
+            self.down = link_cls(self.sim, bw, cap, p.latency_s)
+            self.up = link_cls(self.sim, bw, cap, p.latency_s)
         self.ring = _Ring(self.sim, k, min(p.ring_bandwidth, cap), p.ring_hop_latency)
         self.server = _Fifo(self.sim)
         self.workers = [_Worker(i, _Fifo(self.sim)) for i in range(k)]
@@ -389,7 +502,9 @@ def simulate(p: Profile, k: int, arch: Arch, *, steps: int = 100, warmup: int = 
         arch: ``ring`` (synchronous all-reduce), ``ps-sync`` or ``ps-async``.
         steps: steps per worker.
         warmup: steps per worker left out of the measurement (start-up transient).
-        sharing: how the server's links share their rate among flows: ``ps`` or ``fcfs``.
+        sharing: how the server's links share their rate among flows: ``ps``, ``fcfs`` or ``tcp``
+            (weighted sharing with random per-transfer weights, σ from the profile's link.sharing;
+            plain ``ps`` when the profile has none).
         overlap: per-layer messages overlapping compute (default: the profile's flag).
         flow_cap: the most one flow can get, bytes/s (default: the link rate, i.e. the worker's own link).
         slowdown: per-worker compute slowdown factors (heterogeneous workers).
@@ -400,8 +515,8 @@ def simulate(p: Profile, k: int, arch: Arch, *, steps: int = 100, warmup: int = 
     """
     if arch not in ("ring", "ps-sync", "ps-async"):
         raise InputError(f"unknown architecture {arch!r}; use ring, ps-sync or ps-async")
-    if sharing not in ("ps", "fcfs"):
-        raise InputError(f"link sharing must be ps or fcfs, got {sharing!r}")
+    if sharing not in ("ps", "fcfs", "tcp"):
+        raise InputError(f"link sharing must be ps, fcfs or tcp, got {sharing!r}")
     if k < 1:
         raise InputError(f"number of workers must be >= 1, got {k}")
     if steps < 2 or not 0 <= warmup < steps - 1:

@@ -61,6 +61,9 @@ class Profile:
             wait (optional). Under a CPU quota a step that starts after waiting for the network runs
             faster than one in a back-to-back sequence (the quota is full), and every step of a
             distributed job does; `after_idle` swaps these in.
+        share_sigma_down, share_sigma_up: how unevenly simultaneous flows share the server's link
+            (σ of the random per-transfer weights of the simulation's ``tcp`` sharing, fitted from a
+            fan-out / fan-in microbenchmark); None when not measured.
         overlap: whether the profiled job overlaps communication with computation per layer.
     """
 
@@ -77,6 +80,8 @@ class Profile:
     step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     idle_step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     idle_step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    share_sigma_down: float | None = None
+    share_sigma_up: float | None = None
     overlap: bool = False
     meta: dict[str, Any] = field(default_factory=dict)
 
@@ -251,6 +256,16 @@ def parse_profile(doc: Any) -> Profile:
         if ring_eff > 1.5:
             raise InputError(f"profile: all-reduce efficiency {ring_eff} is implausible")
         ring_lat = _num(ar, "latency_s", "profile: link.allreduce", default=0.0)
+    sharing = link.get("sharing")
+    sig_down: float | None = None
+    sig_up: float | None = None
+    if sharing is not None:
+        if not isinstance(sharing, dict):
+            raise InputError("profile: link.sharing must be an object with down_sigma and up_sigma")
+        sig_down = _num(sharing, "down_sigma", "profile: link.sharing")
+        sig_up = _num(sharing, "up_sigma", "profile: link.sharing")
+        if sig_down > 10 or sig_up > 10:
+            raise InputError("profile: link.sharing sigmas above 10 are implausible")
     where = "profile"
     update = _num(doc, "update_s", where, default=0.0)
     accumulate = _num(doc, "accumulate_s", where, default=0.0)
@@ -279,7 +294,8 @@ def parse_profile(doc: Any) -> Profile:
     meta = doc.get("meta", {})
     return Profile(layers=tuple(layers), batch_size=bs, bandwidth_bytes_per_s=bw, link_efficiency=eff,
                    latency_s=lat, ring_efficiency=ring_eff, ring_latency_s=ring_lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
-                   step_backward_s=sb, idle_step_forward_s=idle_f, idle_step_backward_s=idle_b, overlap=overlap, meta=meta if isinstance(meta, dict) else {})
+                   step_backward_s=sb, idle_step_forward_s=idle_f, idle_step_backward_s=idle_b,
+                   share_sigma_down=sig_down, share_sigma_up=sig_up, overlap=overlap, meta=meta if isinstance(meta, dict) else {})
 
 
 def read_profile(path: str | Path) -> Profile:
@@ -316,6 +332,8 @@ def profile_to_doc(p: Profile) -> dict[str, Any]:
         doc["link"]["allreduce"] = {"efficiency": p.ring_efficiency, "latency_s": p.ring_hop_latency}
     if p.step_forward_s.size:
         doc["steps"] = {"forward_s": p.step_forward_s.tolist(), "backward_s": p.step_backward_s.tolist()}
+    if p.share_sigma_down is not None and p.share_sigma_up is not None:
+        doc["link"]["sharing"] = {"down_sigma": p.share_sigma_down, "up_sigma": p.share_sigma_up}
     if p.idle_step_forward_s.size:
         doc.setdefault("steps", {}).update(idle_forward_s=p.idle_step_forward_s.tolist(),
                                            idle_backward_s=p.idle_step_backward_s.tolist())

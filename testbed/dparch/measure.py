@@ -21,18 +21,21 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from testbed.dparch.run import ARCHS, RunSpec, profile_doc, run_pool, throughput
+from testbed.dparch.run import ARCHS, RunSpec, lite_steps, profile_doc, run_pool, throughput
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "data" / "predict-measured.json"
 # Steps per run. Session 1 used 14/8/12 measured steps (1.3 s for ring at K = 1): one neighbour's
 # burst of a second then moved a whole run. Per-step wall times under a 10 ms-period cap have a CV
 # of ~15-20 % (a 13 ms step of CPU work straddles 8-9 quota periods), so ~30 measured steps bring the
-# run mean to ~3 %; a K = 8 parameter-server run (about 0.9 s per step) then takes ~15 s.
-STEPS = {"ring": 30, "ps-sync": 16, "ps-async": 24}
+# run mean to ~3 %; parameter-server steps are 2-9x longer (many quota periods each), so fewer do,
+# and a K = 8 sync run (about 0.9 s per step) takes ~13 s.
+STEPS = {"ring": 30, "ps-sync": 12, "ps-async": 20}
 # The first steps pay connection set-up and cold caches after the previous job (3-5 steps measured
 # above the steady state in session-1 data); a few more than needed costs little.
 WARMUP = {"ring": 5, "ps-sync": 3, "ps-async": 3}
 PROFILE_STEPS = 40
+# Short single-worker profile next to every run (back to back + after idle): ~3 s.
+LITE_STEPS = 12
 # Network microbenchmark rounds per K (after 2 warm-up rounds).
 NET_ROUNDS = 8
 
@@ -63,7 +66,8 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profile: bool = True,
           repeats: int = 1, steps: int | None = None, seed: int = 0, log: Callable[[str], None] = print,
-          save: Callable[[dict[str, Any]], None] | None = None, net: bool = False) -> dict[str, Any]:
+          save: Callable[[dict[str, Any]], None] | None = None, net: bool = False,
+          local: bool = False) -> dict[str, Any]:
     """Profile and measure every (architecture, K) `repeats` times; returns the data document.
 
     The jobs of each repetition run in a shuffled order and a profile is taken before the first and
@@ -83,6 +87,9 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
         save: called with the finished document.
         net: also run the network microbenchmarks (``net-ring`` for K ≥ 2 when ring is measured,
             ``net-ps`` when a parameter server is), stored under ``"net"``.
+        local: take a short single-worker profile (``profile-lite``) before every run and after each
+            repetition's last; each run records the indices of the ones around it
+            (``local_profiles``), stored under ``"lite"``.
     """
     if repeats < 1:
         raise ValueError("repeats must be >= 1")
@@ -97,11 +104,19 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
             specs += [replace(base, arch="net-ring", workers=k, steps=NET_ROUNDS, warmup=2) for k in workers if k > 1]
         if any(a.startswith("ps") for a in archs):
             specs += [replace(base, arch="net-ps", workers=k, steps=NET_ROUNDS, warmup=2) for k in workers]
+    lite = replace(base, arch="profile-lite", workers=1, steps=LITE_STEPS, warmup=2)
     for _ in range(repeats):
         rep = [replace(base, arch=arch, workers=k, steps=steps or STEPS[arch],
                        warmup=base.warmup if steps else WARMUP[arch]) for arch in archs for k in workers]
         rng.shuffle(rep)
-        specs += rep
+        for spec in rep:
+            # A short profile before every run (and one after the last): each run can be predicted
+            # from the machine state it ran in.
+            if local:
+                specs.append(lite)
+            specs.append(spec)
+        if local:
+            specs.append(lite)
         if profile:
             specs.append(prof)
     t = time.monotonic()
@@ -111,7 +126,16 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
     log(f"{len(specs)} runs in {time.monotonic() - t:.0f}s")
     samples: dict[tuple[str, int], list[float]] = {}
     details: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    around: dict[tuple[str, int], list[list[int]]] = {}
+    lites: list[dict[str, Any]] = []
+    last_run: tuple[str, int] | None = None
     for spec, job in zip(specs, jobs, strict=True):
+        if spec.arch == "profile-lite":
+            lites.append(lite_steps(job))
+            if last_run is not None:  # the profile after the previous run
+                around[last_run][-1].append(len(lites) - 1)
+                last_run = None
+            continue
         if spec.arch == "profile":
             doc["profiles"].append(profile_doc(job))
             continue
@@ -123,16 +147,24 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
             continue
         samples.setdefault((spec.arch, spec.workers), []).append(throughput(job))
         details.setdefault((spec.arch, spec.workers), []).append(_detail(job))
+        if local:
+            around.setdefault((spec.arch, spec.workers), []).append([len(lites) - 1])
+            last_run = (spec.arch, spec.workers)
     for arch in archs:
         for k in workers:
             xs = samples[(arch, k)]
             doc["runs"].append({"arch": arch, "workers": k, "samples_per_s": statistics.median(xs),
                                 "repeats_samples_per_s": xs, "steps": steps or STEPS[arch],
-                                "warmup": base.warmup if steps else WARMUP[arch], "detail": details[(arch, k)]})
+                                "warmup": base.warmup if steps else WARMUP[arch], "detail": details[(arch, k)],
+                                **({"local_profiles": around[(arch, k)]} if local else {})})
             log(f"{arch:8s} K={k}: {statistics.median(xs):9.1f} samples/s  (runs: "
                 + ", ".join(f"{x:.0f}" for x in xs) + ")")
+    if local:
+        doc["lite"] = lites
     if profile:
         doc["profile"] = merge_profiles(doc["profiles"])
+        if "ps" in doc.get("net", {}):
+            doc["profile"]["link"]["sharing"] = sharing_fit(doc["net"]["ps"])
     if save:
         save(doc)
     return doc
@@ -160,6 +192,15 @@ def _net_ps(job: dict[str, Any]) -> dict[str, Any]:
             "fanout_median_s": med(fanout), "fanin_median_s": med(fanin)}
 
 
+def sharing_fit(net_ps: dict[str, Any]) -> dict[str, float]:
+    """σ of the simulation's ``tcp`` link sharing, down (fan-out) and up (fan-in), from the microbenchmark."""
+    from failslow.predict.des import fit_sharing_sigma
+
+    down = {int(k): v["fanout_median_s"] for k, v in net_ps.items()}
+    up = {int(k): v["fanin_median_s"] for k, v in net_ps.items()}
+    return {"down_sigma": fit_sharing_sigma(down), "up_sigma": fit_sharing_sigma(up)}
+
+
 def _model_bytes(job: dict[str, Any]) -> int:
     spec = job["spec"]
     w, d, c = spec["width"], spec["depth"], spec["classes"]
@@ -177,9 +218,15 @@ def combine(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     out: dict[str, Any] = {"format": "failslow-dp-measured/3", "spec": docs[0]["spec"],
                            "repeats": max(d["repeats"] for d in docs), "runs": [], "profiles_by_arch": {},
                            "net": {}, "parts": []}
+    out["lite"] = []
     for d in docs:
         archs = sorted({r["arch"] for r in d["runs"]})
-        out["runs"] += d["runs"]
+        off = len(out["lite"])
+        out["lite"] += d.get("lite", [])
+        for r in d["runs"]:
+            if "local_profiles" in r:
+                r = {**r, "local_profiles": [[j + off for j in idx] for idx in r["local_profiles"]]}
+            out["runs"].append(r)
         for arch in archs:
             out["profiles_by_arch"][arch] = d["profile"]
         for kind, table in d.get("net", {}).items():
@@ -210,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", default=RunSpec.rate)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-net", action="store_true", help="skip the network microbenchmarks")
+    ap.add_argument("--no-local", action="store_true", help="no short profile next to every run")
     ap.add_argument("--combine", type=Path, nargs="+", metavar="PART",
                     help="instead of measuring, combine per-architecture sweep files into --out")
     args = ap.parse_args(argv)
@@ -225,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(d, indent=1) + "\n")
 
     sweep(RunSpec(arch="ring", workers=1, rate=args.rate), args.arch.split(","), workers, save=save,
-          repeats=args.repeats, net=not args.no_net,
+          repeats=args.repeats, net=not args.no_net, local=not args.no_local,
           log=lambda s: print(s, flush=True))
     return 0
 

@@ -36,7 +36,7 @@ from testbed.netns import NODE_IFNAME, NetCluster, parse_rate, run_cmd
 FORMAT = "failslow-dp-profile/1"
 ARCHS = ("ring", "ps-sync", "ps-async")
 # Jobs that are not training runs: the single-worker profile and the network microbenchmarks.
-BENCHES = ("profile", "net-ring", "net-ps")
+BENCHES = ("profile", "profile-lite", "net-ring", "net-ps")
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -286,6 +286,32 @@ def fit_link(calibration: dict[str, list[float]], nominal: float) -> dict[str, A
     eff = min(1.5, 1.0 / slope / nominal) if slope > 0 else 1.0
     return {"bandwidth_bytes_per_s": nominal, "efficiency": eff, "latency_s": max(0.0, intercept - tiny / 2),
             "rtt_tiny_s": tiny, "points": [[s, t] for s, t in pts]}
+
+
+def lite_steps(job: dict[str, Any]) -> dict[str, Any]:
+    """The step samples of a ``profile-lite`` run (no link calibration): per-step, per-layer times."""
+    r = job["ranks"]["0"]
+    return {"forward_s": r["forward_s"], "backward_s": r["backward_s"], "idle_forward_s": r["idle_forward_s"],
+            "idle_backward_s": r["idle_backward_s"], "update_s": statistics.median(r["update_s"]),
+            "compute_cpu_s": statistics.median(r["compute_cpu_s"])}
+
+
+def local_profile(base: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str, Any]:
+    """A profile from `base` (layers, link fits) with its compute replaced by the given lite samples.
+
+    Used to predict a run from the single-worker profiling taken right before and after it, so the
+    machine's state at the time (neighbours' load changes the CPU work of a step by up to ~70 % on
+    this shared box, see docs/predict.md) is the same in profile and run.
+    """
+    out = json.loads(json.dumps(base))
+    keys = ("forward_s", "backward_s", "idle_forward_s", "idle_backward_s")
+    out["steps"] = {k: [row for s in steps for row in s[k]] for k in keys}
+    for i, layer in enumerate(out["layers"]):
+        layer["forward_s"] = statistics.median(row[i] for row in out["steps"]["forward_s"])
+        layer["backward_s"] = statistics.median(row[i] for row in out["steps"]["backward_s"])
+    out["update_s"] = statistics.median(s["update_s"] for s in steps)
+    out["meta"] = {**out.get("meta", {}), "local": len(steps)}
+    return out
 
 
 def profile_doc(job: dict[str, Any]) -> dict[str, Any]:

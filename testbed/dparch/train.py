@@ -18,6 +18,7 @@ Architectures (all over torch.distributed with the gloo backend, whole-model mes
   sends that worker the fresh parameters; workers never wait for each other.
 * ``profile``: the first member trains alone (per-layer forward/backward timing), then measures the
   link with the second: ping-pong with replies of several sizes, and all-reduces of several sizes.
+* ``profile-lite``: the training part of ``profile`` only, taken next to every run (machine state).
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ class Ctx:
     steps: int
     warmup: int
     calib_rounds: int
+    calibrate: bool = True
 
     @property
     def total(self) -> int:
@@ -271,6 +273,8 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
         out.update(compute_cpu_s=cpu, forward_s=fwds, backward_s=bwds, update_s=upd, accumulate_s=acc, param_bytes=tr.param_bytes(),
                    names=[type(b).__name__ if not isinstance(b, nn.Sequential) else "Linear+ReLU" for b in tr.model])
     dist.barrier(group=c.group)
+    if not c.calibrate:
+        return out
     # Link calibration: ping-pong a 1-float request against replies of several sizes, so that the
     # profile can fit t(s) = α + s/B (latency and payload rate) over the message sizes the runs use.
     small = torch.zeros(1)
@@ -382,6 +386,7 @@ def run_net_ps(c: Ctx, tr: Trainer) -> dict[str, Any]:
 
 
 RUNNERS = {"ring": run_ring, "ps-sync": run_ps_sync, "ps-async": run_ps_async, "profile": run_profile,
+           "profile-lite": run_profile,
            "net-ring": run_net_ring, "net-ps": run_net_ps}
 
 
@@ -404,7 +409,7 @@ def main(argv: list[str]) -> int:
         if rank in members:
             dist.barrier(group=group)  # connections up before the clock starts
             c = Ctx(rank=rank, members=members, group=group, steps=item["steps"], warmup=item["warmup"],
-                    calib_rounds=cfg["calib_rounds"])
+                    calib_rounds=cfg["calib_rounds"], calibrate=item["arch"] != "profile-lite")
             t_start = time.perf_counter()
             res = RUNNERS[item["arch"]](c, tr)
             res["t_start"] = t_start
