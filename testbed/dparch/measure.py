@@ -21,6 +21,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from testbed.dparch.run import ARCHS, RunSpec, lite_steps, profile_doc, run_pool, throughput
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "data" / "predict-measured.json"
@@ -165,6 +167,10 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
         doc["profile"] = merge_profiles(doc["profiles"])
         if "ps" in doc.get("net", {}):
             doc["profile"]["link"]["sharing"] = sharing_fit(doc["net"]["ps"])
+        ring_fit = ring_net_fit(doc.get("net", {}).get("ring", {}), doc["profile"]["link"]["bandwidth_bytes_per_s"])
+        if ring_fit is not None:
+            doc["profile"]["meta"]["allreduce_2rank"] = doc["profile"]["link"]["allreduce"]
+            doc["profile"]["link"]["allreduce"] = ring_fit
     if save:
         save(doc)
     return doc
@@ -174,7 +180,16 @@ def _net_ring(job: dict[str, Any]) -> dict[str, Any]:
     """All-reduce microbenchmark of one K: per round, the slowest member's time (when the step ends)."""
     per_rank = [r["allreduce_s"] for r in job["ranks"].values()]
     rounds = [max(ts) for ts in zip(*per_rank, strict=True)]
-    return {"bytes": _model_bytes(job), "allreduce_s": rounds, "median_s": statistics.median(rounds)}
+    out = {"bytes": _model_bytes(job), "allreduce_s": rounds, "median_s": statistics.median(rounds)}
+    ranks = list(job["ranks"].values())
+    if all("start" in r for r in ranks):
+        # The collective itself: from the last member's entry to the last member's exit (a member that
+        # enters early waits for the others; that skew is not the network's).
+        pure = [max(ends) - max(starts) for starts, ends in
+                zip(zip(*(r["start"] for r in ranks), strict=True), zip(*(r["end"] for r in ranks), strict=True),
+                    strict=True)]
+        out.update(pure_s=pure, pure_median_s=statistics.median(pure))
+    return out
 
 
 def _net_ps(job: dict[str, Any]) -> dict[str, Any]:
@@ -190,6 +205,25 @@ def _net_ps(job: dict[str, Any]) -> dict[str, Any]:
     med = lambda rows: [statistics.median(col) for col in zip(*rows, strict=True)]  # noqa: E731
     return {"bytes": _model_bytes(job), "fanout_s": fanout, "fanin_s": fanin,
             "fanout_median_s": med(fanout), "fanin_median_s": med(fanin)}
+
+
+def ring_net_fit(net_ring: dict[str, Any], nominal: float) -> dict[str, float] | None:
+    """One ring hop's payload rate and latency from the all-reduce microbenchmark at every K.
+
+    Least squares of t(K) = 2(K−1)·M/(K·B_ring) + 2(K−1)·α_ring over the collective's own time (last
+    entry to last exit, `_net_ring`), K = 2…8: the per-hop cost as gloo really pays it at each ring
+    size, instead of extrapolating a 2-rank calibration (whose intercept also held entry skew).
+    None when fewer than two K were measured.
+    """
+    pts = [(int(k), v["bytes"], v["pure_median_s"]) for k, v in net_ring.items() if "pure_median_s" in v]
+    if len(pts) < 2:
+        return None
+    x = np.array([[2 * (k - 1) * m / k, 2 * (k - 1)] for k, m, _ in pts], dtype=np.float64)
+    y = np.array([t for *_, t in pts], dtype=np.float64)
+    (inv_b, alpha), *_ = np.linalg.lstsq(x, y, rcond=None)
+    if inv_b <= 0:
+        return None
+    return {"efficiency": float(min(1.5, 1.0 / inv_b / nominal)), "latency_s": float(max(0.0, alpha))}
 
 
 def sharing_fit(net_ps: dict[str, Any]) -> dict[str, float]:

@@ -319,14 +319,19 @@ def run_net_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
     """
     buf = torch.zeros(tr.numel)
     times: list[float] = []
+    starts: list[float] = []
+    ends: list[float] = []
     for rnd in range(c.total):
         dist.barrier(group=c.group)
         time.sleep(0.02)
         t0 = time.perf_counter()
         dist.all_reduce(buf, group=c.group)
+        t1 = time.perf_counter()
         if rnd >= c.warmup:
-            times.append(time.perf_counter() - t0)
-    return {"allreduce_s": times}
+            times.append(t1 - t0)
+            starts.append(t0)  # one clock for all processes: the entry skew can be taken out
+            ends.append(t1)
+    return {"allreduce_s": times, "start": starts, "end": ends}
 
 
 def run_net_ps(c: Ctx, tr: Trainer) -> dict[str, Any]:

@@ -7,7 +7,7 @@ import pytest
 
 from failslow.predict import parse_profile, predict
 from failslow.predict.profile import profile_to_doc
-from testbed.dparch.measure import _net_ps, _net_ring, combine, merge_profiles
+from testbed.dparch.measure import _net_ps, _net_ring, combine, merge_profiles, ring_net_fit
 from tests.predict.conftest import make_profile
 
 
@@ -80,3 +80,17 @@ def test_network_microbenchmark_tables() -> None:
     assert ps["fanout_s"] == [pytest.approx([0.2, 0.5]), pytest.approx([0.4, 0.6])]
     assert ps["fanin_s"] == [pytest.approx([0.4, 0.9]), pytest.approx([0.9, 1.4])]
     assert ps["fanout_median_s"] == pytest.approx([0.3, 0.55])
+
+
+def test_ring_microbenchmark_takes_out_entry_skew_and_fits_one_hop() -> None:
+    # Member 1 enters 30 ms late; the collective itself then takes 50 ms for both.
+    job = _job("net-ring", 2, {"0": {"allreduce_s": [0.08], "start": [1.00], "end": [1.08]},
+                               "1": {"allreduce_s": [0.05], "start": [1.03], "end": [1.08]}})
+    assert _net_ring(job)["pure_median_s"] == pytest.approx(0.05)
+    m, b, alpha = 1_330_000, 20e6, 0.002
+    table = {str(k): {"bytes": m, "pure_median_s": 2 * (k - 1) * (m / (k * b) + alpha)} for k in range(2, 9)}
+    fit = ring_net_fit(table, 25e6)
+    assert fit is not None
+    assert fit["efficiency"] == pytest.approx(0.8)
+    assert fit["latency_s"] == pytest.approx(alpha)
+    assert ring_net_fit({"2": table["2"]}, 25e6) is None
