@@ -102,7 +102,8 @@ static uint32_t my_tid(void) {
  *  - offset (tsc0, ns0): per thread, re-anchored from a fresh clock_gettime once the thread's current
  *    piece is older than CLK_PIECE_NS (1 ms) — one extra clock read per thread per millisecond, so the
  *    extrapolation error is at most 1 ms x the rate error plus the anchor's own read error;
- *  - per-thread monotonic: a new piece never starts below the thread's last returned time;
+ *  - per-thread monotonic: a new piece starts at the true time, and a thread's times hold still (never step
+ *    back) until it passes the last time that thread was given;
  *  - a counter that jumps backwards (or forwards past the piece) just forces a re-anchor; re-anchors that
  *    find the mapping off by more than CLK_FAULT_NS three times switch the process to clock_gettime.
  * FAILSLOW_CLOCK=monotonic forces clock_gettime, FAILSLOW_CLOCK=tsc skips the CPU-flag check.
@@ -148,6 +149,7 @@ static int g_clk_lock;           /* trylock for the rate anchors (never waited o
 static uint64_t g_rate_tsc[2];   /* [0] older, [1] newer rate anchor (under g_clk_lock) */
 static int64_t g_rate_ns[2];
 static pthread_once_t g_clk_once = PTHREAD_ONCE_INIT;
+static double g_clk_skew = 1.0;  /* tests only (FAILSLOW_CLOCK_TEST_SKEW_PPM): a wrong rate, to see faults */
 /* statistics for the tests and the bench (slow path only) */
 static uint64_t g_clk_reanchors, g_clk_faults, g_clk_rate_updates;
 static int64_t g_clk_max_err_ns, g_clk_max_bracket_ns;
@@ -215,6 +217,12 @@ static void clk_setup(void) {
     int mode = CLK_MONO;
     const char *env = getenv("FAILSLOW_CLOCK");
     int forced = env && strcmp(env, "tsc") == 0;
+    const char *skew = getenv("FAILSLOW_CLOCK_TEST_SKEW_PPM");
+    if (skew && *skew) {
+        char *end;
+        double ppm = strtod(skew, &end);
+        if (*end == 0 && ppm > -500000.0 && ppm < 500000.0) g_clk_skew = 1.0 + ppm * 1e-6;
+    }
     if (env && *env && strcmp(env, "monotonic") != 0 && strcmp(env, "tsc") != 0 && strcmp(env, "auto") != 0)
         dbg("failslow shim: ignoring FAILSLOW_CLOCK=%s (auto, tsc or monotonic)\n", env);
     if (HAVE_TICKS && !(env && strcmp(env, "monotonic") == 0) && (forced || tsc_invariant())) {
@@ -228,7 +236,7 @@ static void clk_setup(void) {
         double rate = (wa != UINT64_MAX && wb != UINT64_MAX && tb > ta) ? (double)(mb - ma) / (double)(tb - ta)
                                                                          : 0.0; /* ns per tick */
         if (rate > 0.01 && rate < 100.0) {
-            g_clk_mult = (uint64_t)(rate * 4294967296.0 + 0.5);
+            g_clk_mult = (uint64_t)(rate * g_clk_skew * 4294967296.0 + 0.5);
             uint64_t piece = (uint64_t)((double)CLK_PIECE_NS / rate);
             uint64_t cap = (UINT64_MAX >> 2) / g_clk_mult; /* piece * mult stays far below 2^64 */
             g_clk_piece = piece < cap ? piece : cap;
@@ -290,7 +298,7 @@ static __attribute__((noinline, cold)) int64_t clk_reanchor(void) {
         if (tsc > bt && m > bn && tsc - bt >= g_clk_piece) {
             double rate = (double)(m - bn) / (double)(tsc - bt);
             if (rate > 0.01 && rate < 100.0) {
-                __atomic_store_n(&g_clk_mult, (uint64_t)(rate * 4294967296.0 + 0.5), __ATOMIC_RELAXED);
+                __atomic_store_n(&g_clk_mult, (uint64_t)(rate * g_clk_skew * 4294967296.0 + 0.5), __ATOMIC_RELAXED);
                 __atomic_add_fetch(&g_clk_rate_updates, 1, __ATOMIC_RELAXED);
             }
         }
@@ -302,9 +310,11 @@ static __attribute__((noinline, cold)) int64_t clk_reanchor(void) {
         }
         __atomic_store_n(&g_clk_lock, 0, __ATOMIC_RELEASE);
     }
+    /* the piece starts at the true time (so no error is carried from piece to piece); what this thread is
+     * given never steps back: below its last time it holds still until the new piece passes it */
     int64_t t = m > c->last ? m : c->last;
     c->tsc0 = tsc;
-    c->ns0 = t;
+    c->ns0 = m;
     c->mult = __atomic_load_n(&g_clk_mult, __ATOMIC_RELAXED);
     c->limit = g_clk_piece;
     c->last = t;
@@ -319,12 +329,17 @@ static inline int64_t clk_now(void) {
         uint64_t d = ticks() - c->tsc0;
         if (LIKELY(d < c->limit)) {
             int64_t t = c->ns0 + (int64_t)((d * c->mult) >> 32);
+            if (UNLIKELY(t < c->last)) t = c->last;
             c->last = t;
             return t;
         }
         return clk_reanchor();
     }
-    return mono_ns();
+    /* clock_gettime; kept monotonic per thread across a fallback from a counter that ran ahead */
+    int64_t t = mono_ns();
+    if (UNLIKELY(t < t_clk.last)) t = t_clk.last;
+    t_clk.last = t;
+    return t;
 }
 
 /* ------------------------------------------------------------------------------------------------ */

@@ -19,7 +19,13 @@ run basic RANK=5 WORLD_SIZE=8 FAILSLOW_TP=2 FAILSLOW_PP=4 FAILSLOW_DP=1 FAILSLOW
 # the record clock: whatever auto picks here, then each source forced (tsc only where the CPU has a counter)
 run clock
 run clock FAILSLOW_CLOCK=monotonic EXPECT_CLOCK=monotonic
-case "$(uname -m)" in x86_64|aarch64) run clock FAILSLOW_CLOCK=tsc EXPECT_CLOCK=tsc ;; esac
+case "$(uname -m)" in x86_64|aarch64)
+    run clock FAILSLOW_CLOCK=tsc EXPECT_CLOCK=tsc
+    # a rate 0.2 % off (2 us per 1 ms piece, under the fault threshold) must not add up piece after piece
+    run clock FAILSLOW_CLOCK=tsc EXPECT_CLOCK=tsc FAILSLOW_CLOCK_TEST_SKEW_PPM=2000
+    run clock FAILSLOW_CLOCK=tsc EXPECT_CLOCK=tsc FAILSLOW_CLOCK_TEST_SKEW_PPM=-2000
+    run clockfault FAILSLOW_CLOCK=tsc FAILSLOW_CLOCK_TEST_SKEW_PPM=50000 ;;
+esac
 run threads FAILSLOW_RING_CAPACITY=4096
 run overflow FAILSLOW_RING_CAPACITY=64
 run fork

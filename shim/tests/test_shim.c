@@ -646,6 +646,44 @@ static int mode_clock(void) {
     return 0;
 }
 
+/* --- clockfault: a counter that disagrees with CLOCK_MONOTONIC makes the shim fall back ------------- */
+
+static int mode_clockfault(void) {
+    /* run with FAILSLOW_CLOCK=tsc FAILSLOW_CLOCK_TEST_SKEW_PPM=50000: the mapping runs 5 % fast, so each
+     * 1 ms piece ends ~50 us off; after three such pieces the shim must switch to clock_gettime */
+    now_fn shim_now = (now_fn)dlsym(RTLD_DEFAULT, "failslow_shim_now_ns");
+    const char *(*source)(void) = (const char *(*)(void))dlsym(RTLD_DEFAULT, "failslow_shim_clock_source");
+    int (*stats)(int64_t *, int) = (int (*)(int64_t *, int))dlsym(RTLD_DEFAULT, "failslow_shim_clock_stats");
+    CHECK(shim_now && source && stats, "libfailslow_shim.so is not preloaded (LD_PRELOAD)");
+    ncclComm_t c = init_comm(1, 0, 0x5D);
+    struct failslow_ring_header *h = map_ring(shim_ring_path());
+    CHECK(strcmp(source(), "tsc") == 0 && h->clock_source == FAILSLOW_CLOCK_TSC, "starts on the counter");
+    int64_t end = now_ns() + 50000000LL, prev = 0;
+    while (now_ns() < end && strcmp(source(), "tsc") == 0) { /* calls back to back across pieces */
+        CHECK(ncclAllReduce(0, 0, 1, ncclFloat32, ncclSum, c, 0) == ncclSuccess, "allreduce");
+        int64_t x = shim_now();
+        CHECK(x >= prev, "monotonic while faulting");
+        prev = x;
+    }
+    int64_t st[8] = {0};
+    stats(st, 8);
+    CHECK(strcmp(source(), "monotonic") == 0, "still on the counter after %lld faults", (long long)st[5]);
+    CHECK(h->clock_source == FAILSLOW_CLOCK_MONOTONIC, "header says clock_gettime now");
+    CHECK(st[5] >= 3 && st[6] > 20000, "faults %lld, largest piece error %lld ns", (long long)st[5],
+          (long long)st[6]);
+    /* times hold still (never step back) until clock_gettime passes the last counter time, then they are
+     * clock_gettime's */
+    sleep_ms(20);
+    for (int i = 0; i < 1000; i++) {
+        int64_t a = now_ns(), x = shim_now(), b = now_ns();
+        CHECK(a <= x && x <= b, "after the fallback: %lld outside [%lld, %lld]", (long long)x, (long long)a,
+              (long long)b);
+    }
+    printf("clockfault: %lld faults (largest piece error %lld ns) -> clock_gettime\n", (long long)st[5],
+           (long long)st[6]);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: test_shim MODE [ARG]\n");
@@ -663,6 +701,7 @@ int main(int argc, char **argv) {
     if (!strcmp(g_mode, "serve")) return mode_serve();
     if (!strcmp(g_mode, "full")) return mode_full();
     if (!strcmp(g_mode, "clock")) return mode_clock();
+    if (!strcmp(g_mode, "clockfault")) return mode_clockfault();
     fprintf(stderr, "unknown mode %s\n", g_mode);
     return 2;
 }
