@@ -77,27 +77,39 @@ class VerifyConfig:
 
 
 class History:
-    """The last ``width`` raw samples of each series (NaN = missing), in a ring indexed by global time."""
+    """The last ``width`` raw samples of each series (NaN = missing), in a ring indexed by global time.
+
+    Laid out time x series (``buf[t % width]`` holds every series' sample of time t): a step writes one
+    contiguous row and the persistence check reads a few, instead of a strided column each.
+    """
 
     def __init__(self, n_series: int, width: int) -> None:
         self.width = width
-        self.buf = np.full((n_series, width), np.nan)
+        self.buf = np.full((width, n_series), np.nan)
 
     def grow(self, n_series: int) -> None:
         """Append fresh series."""
-        extra = n_series - self.buf.shape[0]
+        extra = n_series - self.buf.shape[1]
         if extra > 0:
-            self.buf = np.vstack([self.buf, np.full((extra, self.width), np.nan)])
+            self.buf = np.hstack([self.buf, np.full((self.width, extra), np.nan)])
 
     def push(self, t: int, x: FloatArray) -> None:
         """Store the samples of time ``t``."""
-        self.buf[:, t % self.width] = x
+        self.buf[t % self.width] = x
+
+    def rows(self) -> FloatArray:
+        """One row per series (the snapshot format)."""
+        return self.buf.T.copy()
+
+    def load_rows(self, a: FloatArray) -> None:
+        """Inverse of :meth:`rows`."""
+        self.buf = np.ascontiguousarray(np.asarray(a, dtype=np.float64).T)
 
     def window(self, t: int, rows: IntArray, lo: IntArray, hi: IntArray, width: int) -> FloatArray:
         """Samples ``[max(lo, hi - width), hi)`` of each row, right-aligned, NaN-padded to ``width``."""
         idx = hi[:, None] - width + np.arange(width)[None, :]
         valid = (idx >= lo[:, None]) & (idx <= t) & (idx > t - self.width) & (idx >= 0)
-        vals = self.buf[rows[:, None], idx % self.width]
+        vals = self.buf[idx % self.width, rows[:, None]]
         return np.where(valid, vals, np.nan)
 
 
@@ -166,7 +178,7 @@ class _BOCDBase:
         """Model, history, regime starts and event state."""
         st: dict[str, Any] = {f"bocd.{k}": v for k, v in self._model.state_dict().items()}
         st.update({f"events.{k}": v for k, v in self._tracker.state_dict().items()})
-        st["hist"] = self._hist.buf
+        st["hist"] = self._hist.rows()
         st["start"] = self._start
         st["t"] = np.int64(self.t)
         return st
@@ -175,10 +187,11 @@ class _BOCDBase:
         """Resume from :meth:`state_dict`."""
         self._model.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("bocd.")})
         self._tracker.load_state_dict({k[7:]: v for k, v in state.items() if k.startswith("events.")})
-        hist = np.array(state["hist"], dtype=np.float64)
-        if hist.shape != self._hist.buf.shape:
-            raise InputError(f"history has shape {hist.shape}, expected {self._hist.buf.shape}")
-        self._hist.buf = hist
+        hist = np.asarray(state["hist"], dtype=np.float64)
+        want = (self.n_series, self._hist.width)
+        if hist.shape != want:
+            raise InputError(f"history has shape {hist.shape}, expected {want}")
+        self._hist.load_rows(hist)
         self._start = np.array(state["start"], dtype=np.int64)
         self.t = int(state["t"])
 
@@ -255,21 +268,21 @@ class VerifiedBOCD(_BOCDBase):
         if t + 1 < v.n_min:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
         cols = (t - v.n_min + 1 + np.arange(v.n_min)) % width
-        dev = self._hist.buf[:, cols] - self._ref[:, None]
-        lim = (v.threshold * np.abs(self._ref))[:, None]
+        dev = self._hist.buf[cols] - self._ref[None, :]
+        lim = v.threshold * np.abs(self._ref)
         with np.errstate(invalid="ignore"):
-            up = np.all(dev > lim, axis=1)
-            down = np.all(dev < -lim, axis=1)
+            up = np.all(dev > lim, axis=0)
+            down = np.all(dev < -lim, axis=0)
         ok = (up | down) & ~cand & (self._ref_n >= v.min_before) & (t - v.n_min + 1 - self._start >= v.min_before)
         rows = np.flatnonzero(ok)
         if rows.size == 0:
             return rows, rows
         idx = t - v.n_max + 1 + np.arange(v.n_max)
-        vals = self._hist.buf[rows[:, None], idx % width]
+        vals = self._hist.buf[(idx % width)[None, :], rows[:, None]]
         d = vals - self._ref[rows, None]
         sign = np.where(up[rows], 1.0, -1.0)[:, None]
         with np.errstate(invalid="ignore"):
-            beyond = (d * sign > lim[rows]) | np.isnan(vals)
+            beyond = (d * sign > lim[rows, None]) | np.isnan(vals)
         beyond &= (idx[None, :] >= self._start[rows, None] + v.min_before) & (idx[None, :] >= 0)
         # Length of the all-True suffix of each row.
         suffix = np.argmin(beyond[:, ::-1], axis=1)
