@@ -293,3 +293,19 @@ def test_metrics_bounded_suspect_series() -> None:
     m.show_job("j", False, 1.0, 0.0, [])
     out = generate_latest(m.registry).decode()
     assert "failslow_detector_suspect{" not in out and "failslow_detector_onset_timestamp_seconds{" not in out
+
+
+def test_a_slow_stage_is_exported_rank_by_rank_within_the_limit() -> None:
+    from detector.culprit import suspects
+    from failslow.groups import Analysis, Culprit
+
+    stage = Culprit(kind="compute", rank=None, node=None, ranks=(4, 5, 6), confidence=0.9, stage=2,
+                    evidence={"stage": 2, "stage_compute_ratio": 1.8})
+    link = Culprit(kind="link", rank=None, node=0, ranks=(0, 1), confidence=0.6)
+    a = Analysis(culprits=[stage, link], groups=[], ranks=[])
+    nodes = {4: "n4", 5: "n5", 6: "n6"}
+    out = suspects(a, {0: "n0"}, 4, nodes)
+    assert [(s["kind"], s["rank"], s["node"]) for s in out] == [("compute", "4", "n4"), ("compute", "5", "n5"),
+                                                                ("compute", "6", "n6"), ("link", "", "n0")]
+    assert all(s["evidence"]["stage"] == 2 for s in out[:3])
+    assert len(suspects(a, {0: "n0"}, 2, nodes)) == 2
