@@ -328,6 +328,7 @@ static int mode_fork(void) {
     uint64_t w0 = h->write_index;
     int fds[2];
     CHECK(pipe(fds) == 0, "pipe");
+    int64_t t_fork = now_ns();
     pid_t pid = fork();
     if (pid == 0) {
         for (int i = 0; i < 7; i++) ncclAllReduce(0, 0, 77, ncclFloat32, ncclSum, c, 0);
@@ -339,6 +340,7 @@ static int mode_fork(void) {
     CHECK(read(fds[0], child_path, sizeof child_path - 1) > 0, "child path");
     int st;
     waitpid(pid, &st, 0);
+    int64_t t_done = now_ns();
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child ok");
     char want[64];
     snprintf(want, sizeof want, "failslow-%d.ring", (int)pid);
@@ -349,6 +351,11 @@ static int mode_fork(void) {
     CHECK(ch->pid == pid && o.n == 7, "child ring: pid %d records %zu", ch->pid, o.n);
     for (size_t i = 0; i < o.n; i++) CHECK(o.recs[i].count == 77 && o.recs[i].comm == read_all(h, 0).recs[0].comm,
                                           "child records carry the inherited comm id");
+    /* the child inherits the clock calibration (same counter): its times are still CLOCK_MONOTONIC */
+    for (size_t i = 0; i < o.n; i++)
+        CHECK(o.recs[i].t_enqueue_ns >= t_fork - CLOCK_TOL_NS && o.recs[i].t_return_ns <= t_done + CLOCK_TOL_NS &&
+                  (i == 0 || o.recs[i].t_enqueue_ns >= o.recs[i - 1].t_return_ns),
+              "child record %zu time", i);
     unlink(child_path);
     printf("fork: ok\n");
     return 0;
