@@ -104,64 +104,6 @@ def accuracy(doc: dict[str, Any]) -> tuple[dict[tuple[str, str, str | None], dic
     return out, prof
 
 
-# Rows of the local-profile table: the defaults, plus the link variants of the parameter server's fine model.
-LOCAL_VARIANTS: tuple[tuple[str, str, str | None], ...] = (
-    ("ring", "coarse", None), ("ring", "fine", None),
-    ("ps-sync", "coarse", None), ("ps-sync", "fine", None), ("ps-sync", "fine", "ps"), ("ps-sync", "fine", "hybrid"),
-    ("ps-async", "coarse", None), ("ps-async", "fine", None), ("ps-async", "fine", "tcp"),
-)
-
-
-def local_accuracy(doc: dict[str, Any]) -> dict[tuple[str, str, str | None], dict[int, float]]:
-    """(arch, model, link) → K → error, each run predicted from the short profiles taken around it.
-
-    Error of a point = median over its runs of predicted / measured − 1 (run by run, so a run during
-    a neighbour's burst is compared with a profile of the same burst).
-    """
-    from testbed.dparch.run import local_profile
-
-    lite = doc.get("lite", [])
-    out: dict[tuple[str, str, str | None], dict[int, float]] = {}
-    for arch, model, link in LOCAL_VARIANTS:
-        base = doc.get("profiles_by_arch", {}).get(arch)
-        for r in doc["runs"]:
-            if r["arch"] != arch or "local_profiles" not in r or base is None:
-                continue
-            k = int(r["workers"])
-            ratios = []
-            for meas, idx in zip(r["repeats_samples_per_s"], r["local_profiles"], strict=True):
-                prof = parse_profile(local_profile(base, [lite[i] for i in idx]))
-                pred = predict(prof, [k], arch=arch, model=model, link=link, steps=120, seed=0).throughput[k]
-                ratios.append(pred / meas)
-            out.setdefault((arch, model, link), {})[k] = float(np.median(ratios)) - 1
-    return out
-
-
-def local_table(doc: dict[str, Any]) -> list[str]:
-    """Markdown table of `local_accuracy` (empty when the sweep took no local profiles)."""
-    acc = local_accuracy(doc)
-    if not acc:
-        return []
-    ks = sorted({k for v in acc.values() for k in v})
-    lines = ["", "### Each run predicted from the profile taken next to it", "",
-             "The same sweep, but every run is predicted from the short single-worker profiles taken right "
-             "before and after it (`profile-lite`: back-to-back and after-idle steps, link fits of the hold), so "
-             "profile and run see the same machine state. Cell: median over the runs of predicted / measured − 1.",
-             "", "| arch | model | link | " + " | ".join(f"K={k}" for k in ks) + " | mean abs | max abs |",
-             "|---|---|---|" + "---|" * len(ks) + "---|---|"]
-    for (arch, model, link), err in acc.items():
-        e = np.abs(list(err.values()))
-        name = link or "default"
-        lines.append(f"| {arch} | **{model}** | {name} | " if link is None else f"| {arch} | {model} | {name} | ")
-        lines[-1] += " | ".join(f"{100 * err[k]:+.1f}%" if k in err else "–" for k in ks)
-        lines[-1] += f" | {100 * e.mean():.1f}% | {100 * e.max():.1f}% |"
-    d = {m: [abs(v) for (a, mm, lk), err in acc.items() if mm == m and lk is None for v in err.values()]
-         for m in MODELS}
-    lines += ["", "Defaults over all architectures and K: " + "; ".join(
-        f"{m} mean {100 * np.mean(e):.1f}%, max {100 * np.max(e):.1f}%" for m, e in d.items() if e) + "."]
-    return lines
-
-
 def _n_profiles(doc: dict[str, Any]) -> int:
     if "parts" in doc:
         return sum(len(part["profiles"]) for part in doc["parts"])
@@ -317,7 +259,6 @@ def run() -> str:
             lines += ["", f"Run-to-run spread of the measurement itself ({doc.get('repeats')} runs per point, "
                       f"shuffled order, shared machine): coefficient of variation mean {100 * np.mean(spread):.1f}%, "
                       f"max {100 * np.max(spread):.1f}%."]
-        lines += local_table(doc)
         earlier = [f for f in EARLIER if f.exists()]
         if earlier:
             reps = [json.loads(f.read_text()) for f in earlier]

@@ -47,12 +47,25 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     if len(docs) == 1:
         return docs[0]
     out = json.loads(json.dumps(docs[0]))
-    fwd = [row for d in docs for row in d["steps"]["forward_s"]]
-    bwd = [row for d in docs for row in d["steps"]["backward_s"]]
-    out["steps"] = {"forward_s": fwd, "backward_s": bwd}
-    if all("idle_forward_s" in d["steps"] for d in docs):
-        out["steps"]["idle_forward_s"] = [row for d in docs for row in d["steps"]["idle_forward_s"]]
-        out["steps"]["idle_backward_s"] = [row for d in docs for row in d["steps"]["idle_backward_s"]]
+    # Step samples are pooled after scaling each profiling run to the pooled median step: the level
+    # of a run follows the machine's state (neighbours' load moved it by up to 1.6x within one quiet-
+    # lock hold), which is common to all workers of a later run, whereas the step-to-step jitter
+    # within a run is what is independent per worker — the part a barrier's max over K must see.
+    for fkey, bkey in (("forward_s", "backward_s"), ("idle_forward_s", "idle_backward_s")):
+        if not all(fkey in d["steps"] for d in docs):
+            continue
+        tot = [np.asarray(d["steps"][fkey]).sum(axis=1) + np.asarray(d["steps"][bkey]).sum(axis=1) for d in docs]
+        level = float(np.median(np.concatenate(tot)))
+        scale = [level / float(np.median(t)) for t in tot]
+        rows = [([x * c for x in fr], [x * c for x in br], c * float(t))
+                for d, c, ts in zip(docs, scale, tot, strict=True)
+                for fr, br, t in zip(d["steps"][fkey], d["steps"][bkey], ts, strict=True)]
+        # Long stalls stay in: the barrier's expected max over K is tail-sensitive and the runs have
+        # such stalls too (dropping one 741 ms after-idle step among 148 around 80 ms moved the ring
+        # predictions for K = 3…7 by +5…9 %, away from the measurement).
+        out["steps"][fkey] = [fr for fr, _, _ in rows]
+        out["steps"][bkey] = [br for _, br, _ in rows]
+    fwd, bwd = out["steps"]["forward_s"], out["steps"]["backward_s"]
     # Medians throughout: one profiling run during a neighbour's burst must not move the profile.
     for i, layer in enumerate(out["layers"]):
         layer["forward_s"] = statistics.median(r[i] for r in fwd)
@@ -164,13 +177,7 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
     if local:
         doc["lite"] = lites
     if profile:
-        doc["profile"] = merge_profiles(doc["profiles"])
-        if "ps" in doc.get("net", {}):
-            doc["profile"]["link"]["sharing"] = sharing_fit(doc["net"]["ps"])
-        ring_fit = ring_net_fit(doc.get("net", {}).get("ring", {}), doc["profile"]["link"]["bandwidth_bytes_per_s"])
-        if ring_fit is not None:
-            doc["profile"]["meta"]["allreduce_2rank"] = doc["profile"]["link"]["allreduce"]
-            doc["profile"]["link"]["allreduce"] = ring_fit
+        finish_profile(doc)
     if save:
         save(doc)
     return doc
@@ -205,6 +212,21 @@ def _net_ps(job: dict[str, Any]) -> dict[str, Any]:
     med = lambda rows: [statistics.median(col) for col in zip(*rows, strict=True)]  # noqa: E731
     return {"bytes": _model_bytes(job), "fanout_s": fanout, "fanin_s": fanin,
             "fanout_median_s": med(fanout), "fanin_median_s": med(fanin)}
+
+
+def finish_profile(doc: dict[str, Any]) -> None:
+    """The sweep's profile: its profiling runs merged, plus the link figures of its microbenchmarks.
+
+    Re-runnable on a saved sweep (``--remerge``) when the merging or the fits change: it only reads
+    the raw profiling runs (``profiles``) and microbenchmark tables (``net``) of the document.
+    """
+    doc["profile"] = merge_profiles(doc["profiles"])
+    if "ps" in doc.get("net", {}):
+        doc["profile"]["link"]["sharing"] = sharing_fit(doc["net"]["ps"])
+    ring_fit = ring_net_fit(doc.get("net", {}).get("ring", {}), doc["profile"]["link"]["bandwidth_bytes_per_s"])
+    if ring_fit is not None:
+        doc["profile"]["meta"]["allreduce_2rank"] = doc["profile"]["link"]["allreduce"]
+        doc["profile"]["link"]["allreduce"] = ring_fit
 
 
 def ring_net_fit(net_ring: dict[str, Any], nominal: float) -> dict[str, float] | None:
@@ -267,6 +289,13 @@ def combine(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
             out["net"].setdefault(kind, {}).update(table)
         out["parts"].append({"archs": archs, "profiles": d["profiles"], "started": d.get("started"),
                              "finished": d.get("finished")})
+    # The link-sharing σ is a property of the network (the same tbf links in every hold): a hold that
+    # did not run the fan-out/fan-in microbenchmark borrows it from one that did.
+    shared = next((d["profile"]["link"]["sharing"] for d in docs if "sharing" in d["profile"]["link"]), None)
+    if shared is not None:
+        for arch, prof in out["profiles_by_arch"].items():
+            if "sharing" not in prof["link"]:
+                out["profiles_by_arch"][arch] = {**prof, "link": {**prof["link"], "sharing": shared}}
     # The first part's profile stays the document's default (older readers use "profile").
     out["profile"] = docs[0]["profile"]
     return out
@@ -291,10 +320,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", default=RunSpec.rate)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-net", action="store_true", help="skip the network microbenchmarks")
-    ap.add_argument("--no-local", action="store_true", help="no short profile next to every run")
+    ap.add_argument("--local", action="store_true", help="also a short profile next to every run (diagnostic)")
+    ap.add_argument("--remerge", type=Path, nargs="+", metavar="SWEEP",
+                    help="instead of measuring, rebuild the merged profile of saved sweep files in place")
     ap.add_argument("--combine", type=Path, nargs="+", metavar="PART",
                     help="instead of measuring, combine per-architecture sweep files into --out")
     args = ap.parse_args(argv)
+    if args.remerge:
+        for f in args.remerge:
+            doc = json.loads(f.read_text())
+            finish_profile(doc)
+            f.write_text(json.dumps(doc, indent=1) + "\n")
+        return 0
     if args.combine:
         doc = combine([json.loads(f.read_text()) for f in args.combine])
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
@@ -307,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(d, indent=1) + "\n")
 
     sweep(RunSpec(arch="ring", workers=1, rate=args.rate), args.arch.split(","), workers, save=save,
-          repeats=args.repeats, net=not args.no_net, local=not args.no_local,
+          repeats=args.repeats, net=not args.no_net, local=args.local,
           log=lambda s: print(s, flush=True))
     return 0
 
