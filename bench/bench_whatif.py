@@ -155,19 +155,28 @@ def _iterations(report: dict[str, Any], skip: int) -> tuple[np.ndarray, np.ndarr
     return idx[skip:], t[skip:], e[skip:]
 
 
+def _settled(iterations: list[int]) -> list[int]:
+    """The iterations without the first of each run of consecutive ones."""
+    its = sorted(iterations)
+    return [b for a, b in zip([None, *its[:-1]], its, strict=True) if a is not None and b == a + 1]
+
+
 PRIMARY_LEVELS = (0.4, 0.3, 0.24)  # CPU quotas whose slowdowns span the paper's 1.16 / 1.40 / 2.03
 EXTRA_LEVELS = (0.1, 0.05)  # harsher caps, reported as extra rows
 
 
 def testbed_validation(levels: tuple[float, ...] = PRIMARY_LEVELS, extra_levels: tuple[float, ...] = EXTRA_LEVELS,
                        window: int = 8, gap: int = 8, cycles: int = 6, extra_cycles: int = 3, warmup: int = 6,
-                       rank: int = 1, out_dir: Path | None = None) -> tuple[str, list[dict[str, Any]]]:
+                       rank: int = 1, out_dir: Path | None = None,
+                       recorded: Path | None = None) -> tuple[str, list[dict[str, Any]]]:
     """Run one testbed job whose rank `rank` is CPU-capped at each level in turn, `cycles` times
     (`extra_cycles` for the extra levels), with healthy stretches between, and compare each
     level's measured slowdown with the what-if estimate from the trace of its faulty iterations.
 
     One job with short alternating windows (not one job per level) keeps the background load of
     this shared machine as equal as possible between the healthy and faulty iterations compared.
+    `recorded`: a directory holding a previous run's trace-tbval.parquet and report-tbval.json
+    (same protocol arguments) to analyse again instead of running the job.
     """
     from failslow.whatif import analyze, read_trace
     from failslow.whatif.trace import select_steps
@@ -188,10 +197,13 @@ def testbed_validation(levels: tuple[float, ...] = PRIMARY_LEVELS, extra_levels:
            str(trace), "--report", str(report), "--job", f"whatif-val-{os.getpid()}", *specs]
     load0 = os.getloadavg()[0]
     t0 = time.perf_counter()
-    p = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3000)
+    if recorded is not None:
+        trace, report = recorded / "trace-tbval.parquet", recorded / "report-tbval.json"
+    else:
+        p = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=3000)
+        if p.returncode != 0:
+            raise RuntimeError(f"testbed run failed ({p.returncode}): {p.stderr[-3000:]}")
     wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        raise RuntimeError(f"testbed run failed ({p.returncode}): {p.stderr[-3000:]}")
     rep = json.loads(report.read_text())
     idx, t_it, t_end = _iterations(rep, warmup)
     faults = sorted(rep.get("faults", []), key=lambda f: f["start_unix_s"])
@@ -220,8 +232,11 @@ def testbed_validation(levels: tuple[float, ...] = PRIMARY_LEVELS, extra_levels:
         healthy = sorted(set(healthy))
         if len(faulty) < 3 or len(healthy) < 3:
             raise RuntimeError(f"fault level {q}: {len(faulty)} faulty / {len(healthy)} healthy iterations")
-        t_f = float(np.mean(t_it[np.isin(idx, faulty)]))
-        h = t_it[np.isin(idx, healthy)]
+        # the first iteration of each stretch carries the switch (a capped rank catching up after
+        # the cap is lifted runs at twice the healthy time); the analysis, too, uses the first
+        # step of each stretch of the trace only to place the workers
+        t_f = float(np.mean(t_it[np.isin(idx, _settled(faulty))]))
+        h = t_it[np.isin(idx, _settled(healthy))]
         t_h = float(np.mean(h))
         tr_f = select_steps(full, 0, faulty)
         tr_h = select_steps(full, 0, healthy)
@@ -248,7 +263,9 @@ def testbed_validation(levels: tuple[float, ...] = PRIMARY_LEVELS, extra_levels:
              f"iterations, off for {gap}, {cycles} times per primary level and {extra_cycles} times per extra "
              f"level; {wall:.0f} s wall, load average {load0:.1f} before. **Measured** slowdown = mean "
              "iteration time of the faulty iterations / mean of the healthy iterations around them (testbed "
-             "report; iterations straddling a switch are dropped). **Estimate** = `S_fix_top` of `failslow "
+             "report; iterations straddling a switch are dropped, and the first iteration of each stretch "
+             "is left out of the means: it carries the switch, e.g. the capped rank catching up). "
+             "**Estimate** = `S_fix_top` of `failslow "
              f"whatif TRACE --continuous --ideal median --host-cpus {host_cpus:.0f}` on the trace of the faulty "
              "iterations alone (`shared_cpu.S_fix_top`): T / T with the top worker - found by the analysis, "
              "not told - made as fast as the others, replayed on a processor-sharing model of the host's "

@@ -137,7 +137,13 @@ def continuous_delays(m: Model, equalise: str = "all") -> tuple[Model, FloatArra
     estimated: no worker starts step k+1 before it ended step k, and the tightest worker turns
     around at once. The delay of a call that waits for nothing inside its step is then its start
     minus its worker's end of the previous step; these get their own ideal (the per op type median
-    over such calls) so an ideal step keeps a typical step-start gap.
+    over such calls) so an ideal step keeps a typical step-start gap. (A testbed trace records each
+    worker's `step-overhead` from the end of its previous iteration, so the estimate is exact.)
+
+    A step whose id does not follow the previous one (a selection of iterations, e.g. the faulty
+    windows of a run) starts a new segment: what happened between is not in the trace, so it starts
+    when the previous step has ended everywhere, and its free calls' delays count from its own
+    start, as in the trace's first step (see `segment_starts`).
     """
     pp, dp, steps = int(m.trace.meta.pp_size), m.dp, m.n_steps
     first = np.full((pp, dp, steps), np.inf)
@@ -147,9 +153,11 @@ def continuous_delays(m: Model, equalise: str = "all") -> tuple[Model, FloatArra
         if on.any():
             first[p] = m.start[on].min(axis=0)
             last[p] = m.end[on].max(axis=0)
+    seg = segment_starts(m)
     gap = np.zeros(steps)  # offset of step k from step k-1
     if steps > 1:
-        gap[1:] = np.max(last[:, :, :-1] - first[:, :, 1:], axis=(0, 1))
+        gap[1:] = np.where(seg[1:], np.max(last[:, :, :-1], axis=(0, 1)),
+                           np.max(last[:, :, :-1] - first[:, :, 1:], axis=(0, 1)))
     offset = np.cumsum(gap)
     free = [c for c in m.calls if not c.deps]
     delay = m.delay.copy()
@@ -157,6 +165,7 @@ def continuous_delays(m: Model, equalise: str = "all") -> tuple[Model, FloatArra
         mem = list(c.members)
         p = int(m.stage[mem[0]])
         prev_end = np.concatenate([np.zeros((dp, 1)), last[p][:, :-1] + offset[None, :-1]], axis=1)
+        prev_end = np.where(seg[None, :], offset[None, :], prev_end)
         start_abs = m.start[mem].min(axis=0) + offset[None, :]
         delay[mem] = np.maximum(start_abs - prev_end, 0.0)
     free_nodes = np.zeros(m.n_nodes, bool)
@@ -167,6 +176,13 @@ def continuous_delays(m: Model, equalise: str = "all") -> tuple[Model, FloatArra
     ends = np.max(last, axis=(0, 1)) + offset  # the job's time at the end of each step
     period: FloatArray = np.diff(ends, prepend=0.0)
     return replace(m, delay=delay, ideal_delay=ideal_delay, delay_key=key), period, offset
+
+
+def segment_starts(m: Model) -> npt.NDArray[np.bool_]:
+    """(steps,) True where a step does not follow the previous one (its id is not the previous + 1)."""
+    ids = m.trace.step_ids
+    out: npt.NDArray[np.bool_] = np.concatenate([[True], np.diff(ids) != 1])
+    return out
 
 
 def worker_scopes(m: Model) -> npt.NDArray[np.bool_]:
@@ -216,7 +232,9 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
             work is on the critical path but not recorded, like CPU testbeds).
         continuous: the trace's steps are consecutive iterations that run back to back (a
             testbed run): simulate them in sequence, so lateness carries over into the next step as
-            in measured iteration times, and T is the mean iteration period. Implies
+            in measured iteration times, and T is the mean iteration period. Steps whose id does
+            not follow the previous one start a new segment; the first step of each segment only
+            places the workers and is left out of T (unless every step starts one). Implies
             launch_delays="ideal"; the delay before a worker's first op of a step is measured from
             its end of the previous step (step offsets estimated from the trace, see
             `continuous_delays`).
@@ -231,16 +249,22 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
         raise InputError(f"launch_delays must be 'drop' or 'ideal', not {launch_delays!r}")
     m = model if model is not None else build_model(trace, ideal, equalise)
     step_offset: FloatArray = np.zeros(trace.n_steps)
+    counted = np.ones(trace.n_steps, bool)  # the steps whose times make T
     if continuous:
         launch_delays = "ideal"
         m, trace_period, step_offset = continuous_delays(m, equalise)
+        # the first step of a segment only places the workers: its period is not measured (what
+        # came before it is not in the trace), like a warm-up iteration
+        seg = segment_starts(m)
+        if not seg.all():
+            counted = ~seg
     use_delays = launch_delays == "ideal"
     call_stage = np.array([int(m.stage[c.members[0]]) for c in m.calls], dtype=np.int64)
 
     def sim(src: FullLanes | OneRankLanes, dsrc: FullLanes | OneRankLanes, n_scen: int) -> FloatArray:
         if continuous:
             ends = simulate_continuous(m, src, n_scen, dsrc, call_stage)
-            out: FloatArray = np.diff(ends, axis=1, prepend=0.0)  # per-step share of the job time
+            out: FloatArray = np.diff(ends, axis=1, prepend=0.0)[:, counted]  # per-step share of the job time
             return out
         return simulate(m, src, n_scen, dsrc if use_delays else None)
 
@@ -300,7 +324,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     keep_fix = (~sel)[None]
     if continuous:
         t4 = np.diff(simulate_continuous(m_fix, FullLanes(m_fix, keep_fix), 1, FullLanes(m_fix, keep_fix, delays=True),
-                                         call_stage), axis=1, prepend=0.0)
+                                         call_stage), axis=1, prepend=0.0)[:, counted]
     else:
         t4 = simulate(m_fix, FullLanes(m_fix, keep_fix), 1,
                       FullLanes(m_fix, keep_fix, delays=True) if use_delays else None)
@@ -312,7 +336,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
 
         def shared_T(model: Model, keep: npt.NDArray[np.bool_]) -> float:
             ends = simulate_shared(model, keep, float(host_cpus), call_stage)
-            return float(np.diff(ends, prepend=0.0).mean())
+            return float(np.diff(ends, prepend=0.0)[counted].mean())
 
         own = np.zeros((n, dp), bool)
         for d, p in top:
@@ -320,12 +344,12 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
         d_fix = fix_scenario(m, step_offset, float(host_cpus), sel, own)
         shared = SharedCpu(float(host_cpus), shared_T(dm, ones), shared_T(dm, ~ones), shared_T(d_fix, ~sel))
 
-    step_trace = trace.step_times() if not continuous else trace_period
+    step_trace = trace.step_times() if not continuous else trace_period[counted]
     T_trace = float(step_trace.mean())
     err = abs(T - T_trace) / T_trace if T_trace > 0 else math.inf
     err_step = float(np.max(np.abs(step_t - step_trace) / np.maximum(step_trace, 1e-12)))
     if use_delays:  # also how far the model alone (without the measured gaps) is off
-        t0 = simulate(m, FullLanes(m, np.ones((1, n, dp), bool)), 1)[0]
+        t0 = simulate(m, FullLanes(m, np.ones((1, n, dp), bool)), 1)[0][counted]
         err_nodelay = abs(float(t0.mean()) - T_trace) / T_trace if T_trace > 0 else math.inf
     else:
         err_nodelay = err
@@ -345,7 +369,7 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
         T_trace=T_trace, T=T, T_ideal=T_ideal, S=S, W=1.0 - 1.0 / S,
         S_t=dict(sorted(S_t.items(), key=lambda kv: -kv[1])),
         S_dp=S_dp, S_stage=S_stage, S_w=S_w,
-        per_step={int(s): float(a / b) for s, a, b in zip(trace.step_ids, step_t, step_ideal, strict=True)},
+        per_step={int(s): float(a / b) for s, a, b in zip(trace.step_ids[counted], step_t, step_ideal, strict=True)},
         M_W=M_W, M_W_workers=top, T_fix_top=float(t4[0].mean()), M_S=M_S,
         simulation_error=float(err), simulation_error_max_step=err_step,
         simulation_error_without_delays=float(err_nodelay), launch_delays=launch_delays,

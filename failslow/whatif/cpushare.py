@@ -192,6 +192,11 @@ def simulate_shared(m: Model, keep: BoolArray, cores: float, stage_of_call: IntA
     missing = np.array([n_need[i % n_calls] for i in range(n_inst)], dtype=np.int64)
     latest = np.zeros(n_inst)
     left_on_worker = {(s, d, k): n_on_stage[s] for s in range(pp) for d in range(dp) for k in range(steps)}
+    # a step whose id does not follow the previous one starts a new segment, after the whole
+    # previous step (what happened between is not in the trace)
+    ids = m.trace.step_ids
+    seg = [k > 0 and int(ids[k]) != int(ids[k - 1]) + 1 for k in range(steps)]
+    left_in_step = [n_calls * dp] * steps
     step_end = np.zeros(steps)
 
     jobs: dict[tuple[int, int], float] = {}  # (instance, phase 0 = launch gap / 1 = run) -> CPU left
@@ -240,7 +245,13 @@ def simulate_shared(m: Model, keep: BoolArray, cores: float, stage_of_call: IntA
                         todo.append((j, 0))
                 s = int(stage_of_call[c])
                 left_on_worker[(s, d, k)] -= 1
-                if left_on_worker[(s, d, k)] == 0 and k + 1 < steps:
+                left_in_step[k] -= 1
+                if left_in_step[k] == 0 and k + 1 < steps and seg[k + 1]:
+                    for j in range(iid(0, 0, k + 1), iid(0, 0, k + 2)):
+                        pending[j] -= 1
+                        if pending[j] == 0:
+                            todo.append((j, 0))
+                if left_on_worker[(s, d, k)] == 0 and k + 1 < steps and not seg[k + 1]:
                     for c2 in stage_calls[s]:
                         j = iid(c2, d, k + 1)
                         pending[j] -= 1

@@ -218,7 +218,12 @@ def simulate_continuous(model: Model, source: WorkSource, n_scenarios: int, dela
     dly = [np.broadcast_to(delays(v), (n_scenarios, source.n_lanes, steps)) for v in range(model.n_nodes)]
     worker_end = np.zeros((pp, n_scenarios, source.n_lanes))
     out = np.zeros((n_scenarios, steps))
+    ids = model.trace.step_ids
     for k in range(steps):
+        if k > 0 and ids[k] != ids[k - 1] + 1:
+            # a new segment (steps in between are not in the trace): it starts when the previous
+            # step has ended everywhere
+            worker_end = np.broadcast_to(worker_end.max(axis=(0, 2), keepdims=True), worker_end.shape).copy()
         starts: list[Any] = [None] * n
         ends: list[Any] = [None] * n
         new_end = worker_end.copy()
