@@ -40,11 +40,13 @@ MODELS = ("coarse", "fine")
 VARIANTS: tuple[tuple[str, str, str | None], ...] = (
     ("ring", "coarse", None), ("ring", "fine", None),
     ("ps-sync", "coarse", None), ("ps-sync", "coarse", "ps"), ("ps-sync", "coarse", "fcfs"),
-    ("ps-sync", "fine", None), ("ps-sync", "fine", "fcfs"),
+    ("ps-sync", "fine", None), ("ps-sync", "fine", "ps"), ("ps-sync", "fine", "hybrid"), ("ps-sync", "fine", "fcfs"),
     ("ps-async", "coarse", None), ("ps-async", "coarse", "ps"), ("ps-async", "coarse", "fcfs"),
     ("ps-async", "coarse", "auto"), ("ps-async", "fine", None), ("ps-async", "fine", "ps"),
+    ("ps-async", "fine", "tcp"),
 )
 # What the defaults are (for the table): chosen on the calibration sweeps, evaluated on the test sweep.
+# (PS-sync fine: "ps" on those sweeps, which have no sharing microbenchmark; "tcp" when a profile has one.)
 DEFAULTS = {("ps-sync", "coarse"): "hybrid", ("ps-sync", "fine"): "ps", ("ps-async", "coarse"): "hybrid",
             ("ps-async", "fine"): "hybrid"}
 SELECTION = (("ps-sync", "coarse", "hybrid"), ("ps-sync", "coarse", "ps"), ("ps-sync", "fine", "hybrid"),
@@ -256,9 +258,14 @@ def run() -> str:
         spread = [np.std(r["repeats_samples_per_s"]) / np.mean(r["repeats_samples_per_s"])
                   for r in doc["runs"] if len(r.get("repeats_samples_per_s", [])) > 1]
         if spread:
+            per_arch = {a: [np.std(r["repeats_samples_per_s"]) / np.mean(r["repeats_samples_per_s"])
+                            for r in doc["runs"] if r["arch"] == a and len(r.get("repeats_samples_per_s", [])) > 1]
+                        for a in ARCHS}
             lines += ["", f"Run-to-run spread of the measurement itself ({doc.get('repeats')} runs per point, "
-                      f"shuffled order, shared machine): coefficient of variation mean {100 * np.mean(spread):.1f}%, "
-                      f"max {100 * np.max(spread):.1f}%."]
+                      f"shuffled order, exclusive quiet lock on a shared machine): coefficient of variation mean "
+                      f"{100 * np.mean(spread):.1f}%, max {100 * np.max(spread):.1f}% ("
+                      + "; ".join(f"{a} {100 * np.mean(v):.1f}% / {100 * np.max(v):.1f}%"
+                                  for a, v in per_arch.items() if v) + ")."]
         earlier = [f for f in EARLIER if f.exists()]
         if earlier:
             reps = [json.loads(f.read_text()) for f in earlier]
@@ -306,6 +313,10 @@ def run() -> str:
     lines.append(f"| async MVA, K=10, Bard–Schweitzer | {approx * 1e3:.2f} ms | exact MVA (2^10 populations) "
                  f"{exact * 1e3:.1f} ms | {exact / approx:.0f}× faster |")
     lines.append(f"| async MVA, K=256, Bard–Schweitzer | {big * 1e3:.1f} ms | | |")
-    lines += ["", "Command: `.venv/bin/python -m bench predict` (the sweep itself: "
-              "`sudo .venv/bin/python -m testbed.dparch.measure`, ~15 min, not in `make test`)."]
+    lines += ["", "Command: `.venv/bin/python -m bench predict` (recomputes everything above from the data files; "
+              "the sweep itself, not in `make test`, one exclusive quiet-lock hold per architecture of ~6 min each: "
+              "`flock -x /work/notes/quiet.lock .venv/bin/python -m testbed.dparch.measure --arch ring --repeats 3 "
+              "--out docs/data/predict-measured-4-ring.json`, the same for `ps-sync` and `ps-async --no-net`, then "
+              "`python -m testbed.dparch.measure --combine docs/data/predict-measured-4-*.json --out "
+              "docs/data/predict-measured-4.json`)."]
     return "\n".join(lines)

@@ -31,7 +31,7 @@ from failslow.predict.mva import MVAResult, Station, StationKind, mva_exact, mva
 from failslow.predict.profile import Profile
 
 FloatArray = npt.NDArray[np.float64]
-LinkModel = Literal["ps", "fcfs", "hybrid"]
+LinkModel = Literal["ps", "fcfs", "hybrid", "tcp"]
 
 #: Async link stations switch from PS to FCFS when the busiest link is at least this utilised.
 DEFAULT_FCFS_THRESHOLD = 0.8
@@ -134,7 +134,11 @@ def ps_sync_step_time(p: Profile, k: int, *, link: LinkModel = "hybrid", overlap
     ``fcfs``: the server sends whole models one after another, worker i starts computing at i·M/B.
     Uploads finish at the makespan of a work-conserving link (the same under PS and FCFS); under PS
     they land together and the server then sums K gradients, under FCFS it sums each as it lands. Then
-    it applies the update. ``hybrid`` averages the two step times. With
+    it applies the update. ``hybrid`` averages the two step times. ``tcp``: downloads share the link
+    unevenly as measured (the profile's ``share_sigma_down``; expected sorted completion times of K
+    simultaneous transfers under the simulation's ``tcp`` sharing, `des.fan_completion`), so early
+    workers start computing while others still download; uploads as under ``ps`` (the makespan of a
+    work-conserving link does not depend on how it shares). With
     overlap, the compute a worker does in a step is corrected to max(0, T_F − T_D) + max(0, T_B − T_U)
     with T_D, T_U its own download/upload times, as forward/backward of a layer start as soon as that
     layer's parameters arrive / gradients are ready.
@@ -143,8 +147,8 @@ def ps_sync_step_time(p: Profile, k: int, *, link: LinkModel = "hybrid", overlap
     profiled ``update_s``, counted with its backward); the server spends ``accumulate_s`` per gradient
     summed plus one more to apply the mean.
     """
-    if link not in ("ps", "fcfs", "hybrid"):
-        raise InputError(f"link model must be ps, fcfs or hybrid, got {link!r}")
+    if link not in ("ps", "fcfs", "hybrid", "tcp"):
+        raise InputError(f"link model must be ps, fcfs, hybrid or tcp, got {link!r}")
     if link == "hybrid":
         return 0.5 * (ps_sync_step_time(p, k, link="ps", overlap=overlap, slowdown=slowdown)
                       + ps_sync_step_time(p, k, link="fcfs", overlap=overlap, slowdown=slowdown))
@@ -155,6 +159,11 @@ def ps_sync_step_time(p: Profile, k: int, *, link: LinkModel = "hybrid", overlap
     if link == "ps":
         down_done = np.full(k, k * m + lat)
         own_down = np.full(k, k * m)
+    elif link == "tcp":
+        from failslow.predict.des import fan_completion
+
+        own_down = fan_completion(k, p.share_sigma_down or 0.0) * m
+        down_done = own_down + lat
     else:
         down_done = (np.arange(k) + 1.0) * m + lat
         own_down = np.full(k, m)
@@ -166,7 +175,7 @@ def ps_sync_step_time(p: Profile, k: int, *, link: LinkModel = "hybrid", overlap
         # upload starts as late as the slowest worker does (under FCFS, paired with download order —
         # an approximation; under PS every download ends together and the pairing does not matter).
         stats = f[0] * expected_order_stats(sf.sum(axis=1) + sb.sum(axis=1) + p.update_s, k)
-        return _finish_ps_sync(p, k, link, down_done + stats, m, lat)
+        return _finish_ps_sync(p, k, "ps" if link == "tcp" else link, down_done + stats, m, lat)
     if ov:
         # Forward overlaps the worker's own download; backward overlaps its upload (≈ one transfer alone
         # when the others are still computing, k transfers' worth when all upload together).
@@ -175,7 +184,7 @@ def ps_sync_step_time(p: Profile, k: int, *, link: LinkModel = "hybrid", overlap
         up_start = down_done + compute
     else:
         up_start = down_done + fwd + bwd
-    return _finish_ps_sync(p, k, link, up_start, m, lat)
+    return _finish_ps_sync(p, k, "ps" if link == "tcp" else link, up_start, m, lat)
 
 
 def _finish_ps_sync(p: Profile, k: int, link: str, up_start: FloatArray, m: float, lat: float) -> float:
@@ -283,9 +292,10 @@ def coarse_throughput(p: Profile, k: int, arch: Arch, *, link: str | None = None
     if arch == "ring":
         return k * p.batch_size / ring_step_time(p, k, overlap=overlap, slowdown=slowdown)
     if arch == "ps-sync":
-        lk = link or "hybrid"
-        if lk not in ("ps", "fcfs", "hybrid"):
-            raise InputError(f"ps-sync link model must be ps, fcfs or hybrid, got {lk!r}")
+        # With a measured link-sharing σ the uneven-sharing model, as the fine default; otherwise hybrid.
+        lk = link or ("tcp" if p.share_sigma_down is not None else "hybrid")
+        if lk not in ("ps", "fcfs", "hybrid", "tcp"):
+            raise InputError(f"ps-sync link model must be ps, fcfs, hybrid or tcp, got {lk!r}")
         return k * p.batch_size / ps_sync_step_time(p, k, link=lk, overlap=overlap,  # type: ignore[arg-type]
                                                     slowdown=slowdown)
     if arch == "ps-async":

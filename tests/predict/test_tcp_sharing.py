@@ -73,3 +73,22 @@ def test_bad_sharing_inputs() -> None:
         parse_profile(doc)
     with pytest.raises(InputError, match="ps, fcfs or tcp"):
         simulate(make_profile(), 2, "ps-sync", sharing="fair")  # type: ignore[arg-type]
+
+
+def test_coarse_tcp_sits_between_processor_sharing_and_fcfs_and_is_the_default_with_a_sigma() -> None:
+    from failslow.predict.coarse import coarse_throughput, ps_sync_step_time
+
+    zero, one = _with_sigma(0.0), _with_sigma(1.0)
+    for k in (2, 5):
+        assert ps_sync_step_time(zero, k, link="tcp") == pytest.approx(ps_sync_step_time(zero, k, link="ps"))
+        t_tcp = ps_sync_step_time(one, k, link="tcp")
+        assert ps_sync_step_time(one, k, link="fcfs") < t_tcp < ps_sync_step_time(one, k, link="ps")
+        assert coarse_throughput(one, k, "ps-sync") == pytest.approx(k * one.batch_size / t_tcp)
+        # Without a measured σ the default stays the hybrid.
+        plain = make_profile(jitter=0.1)
+        assert coarse_throughput(plain, k, "ps-sync") == pytest.approx(
+            k * plain.batch_size / ps_sync_step_time(plain, k, link="hybrid"))
+    # Coarse and fine tcp describe the same link: they agree within a few percent.
+    coarse = predict(one, [4], arch="ps-sync", model="coarse").throughput[4]
+    fine = predict(one, [4], arch="ps-sync", model="fine", steps=200, seed=2).throughput[4]
+    assert coarse == pytest.approx(fine, rel=0.06)
