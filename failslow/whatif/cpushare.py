@@ -125,14 +125,16 @@ def fix_scenario(m: Model, offset: FloatArray, cores: float, sel: BoolArray, own
         own: (nodes, dp) the stragglers' own operations.
         passes: refinements of the stragglers' CPU use (a few suffice; each moves it less).
 
-    While a straggler's op ran it used only about the CPU a healthy op needs (ideal demand /
-    its duration), not a whole core: its peers' demands are re-read with that weight, which
-    in turn refines the ideal. Returns the demand model with `ideal`/`ideal_delay` from the
+    While a straggler's op ran it used only the CPU a healthy op needs, not its full share: it
+    counts as ideal demand / the demand it shows as a full competitor (at most 1; a capped rank
+    well below 1, an uncapped one about 1), its peers' demands are re-read with that weight,
+    which in turn refines the ideal. Returns the demand model with `ideal`/`ideal_delay` from the
     operations outside `sel`; simulate it with keep = ~sel.
     """
-    dur = np.maximum(m.end - m.start, 1e-12)
-    gap = np.maximum(m.delay, 1e-12)
-    dm = demand_model(m, offset, cores)
+    dm = dm0 = demand_model(m, offset, cores)
+    # an op's share of the CPU it would get as a full competitor: its demand read as one
+    dur = np.maximum(dm0.work, 1e-12)
+    gap = np.maximum(dm0.delay, 1e-12)
     for _ in range(passes + 1):
         ideal = idealise(dm.work, dm.ideal_key, dm.optype, dm.simulated, dm.compute, exclude=sel)
         ideal_delay = idealise(dm.delay, dm.delay_key, dm.optype, dm.simulated, "median", exclude=sel)
