@@ -40,7 +40,9 @@ def run(args: argparse.Namespace) -> int:
     for path in paths:
         try:
             if args.headers:
-                out.write(json.dumps({"path": str(path), **dataclasses.asdict(read_header(path))}) + "\n")
+                hdr = read_header(path)
+                out.write(json.dumps({"path": str(path), **dataclasses.asdict(hdr),
+                                      "clock_name": hdr.clock_name}) + "\n")
                 continue
             for rec in dump_ring(path):
                 out.write(json.dumps(rec) + "\n")

@@ -320,6 +320,7 @@ def test_shim_dump_cli(tmp_path: Path, failslow_cmd: list[str]) -> None:
     hdrs = subprocess.run([*failslow_cmd, "shim-dump", "--dir", str(tmp_path), "--headers"], capture_output=True,
                           text=True, check=True).stdout.splitlines()
     assert json.loads(hdrs[0])["write_index"] == 2
+    assert json.loads(hdrs[0])["clock_name"] == "monotonic"  # the Python writer stamps clock_gettime times
     w2 = RingWriter.create(directory=tmp_path, capacity=16, pid=os.getpid() + 1_000_000, tag="torch")
     w2.append(Op.RECV, 0x99, 2, 1, 0, 8, 32, 7, 300)
     only = subprocess.run([*failslow_cmd, "shim-dump", "--dir", str(tmp_path), "--pid", str(os.getpid() + 1_000_000)],
