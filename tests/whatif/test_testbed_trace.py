@@ -1,5 +1,5 @@
-"""A recorded testbed trace (DP2 x PP2 on 2 shared cores, one rank CPU-capped): the estimate against
-the slowdown measured in the same run."""
+"""A recorded testbed trace (DP2 x PP2 on 2 shared cores, one rank CPU-capped at 0.24 CPUs: a run of the
+bench's validation protocol): the estimate against the slowdown measured in the same run."""
 
 from __future__ import annotations
 
@@ -23,12 +23,14 @@ def recorded() -> tuple[dict, object]:
 
 
 def _measured(doc: dict) -> float:
+    """Mean iteration time (testbed report) of the faulty / healthy iterations, the first of each
+    stretch left out as in the bench (it carries the switch)."""
     its = doc["iteration_time_s"]
 
     def mean(steps: list[int]) -> float:
         return float(np.mean([[its[r][str(s)] for s in steps] for r in its]))
 
-    return mean(doc["faulty_steps"]) / mean(doc["healthy_steps"])
+    return mean(doc["measured_faulty_steps"]) / mean(doc["measured_healthy_steps"])
 
 
 def test_trace_carries_step_overhead_and_model_chunks(recorded) -> None:
@@ -54,7 +56,7 @@ def test_a_send_blocked_on_the_slow_rank_holds_back_the_all_reduce(recorded) -> 
 def test_estimate_within_5_percent_of_the_measured_slowdown(recorded) -> None:
     doc, tr = recorded
     measured = _measured(doc)
-    assert 1.6 < measured < 2.3  # the recorded fault really slowed the job
+    assert 1.7 < measured < 2.3  # the recorded fault really slowed the job
     r = analyze(select_steps(tr, 0, doc["faulty_steps"]), ideal="median", continuous=True,
                 host_cpus=doc["host_cpus"])
     assert r.M_W_workers[0] == (1, 0) and r.root_cause.verdict == "individual_worker"
