@@ -12,7 +12,9 @@ Analysis"):
 * Per-step slowdown: the same ratio per step.
 * M_W: the share of the slowdown (T - T_ideal) removed by idealising only the top 3% of workers by
   S_w; M_S: the same for the last pipeline stage. S_fix_top = T / T with only those workers
-  idealised: how much faster the job would run without its worst stragglers.
+  idealised, to the ideal of the other workers' operations: how much faster the job would run
+  if its worst stragglers behaved like the rest. With `host_cpus` (CPU testbeds) T, T_ideal and
+  S_fix_top are also replayed on a processor-sharing model of the shared cores (`cpushare`).
 * Simulation error: |T - T_trace| / T_trace, where T_trace is the measured mean step time. The
   analysis refuses (InputError) above `max_sim_error` (5%), because the model then does not explain
   the trace.
