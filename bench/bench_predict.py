@@ -140,16 +140,31 @@ def characterisation(doc: dict[str, Any]) -> list[str]:
     net = doc.get("net", {})
     if "ring" in net:
         p = profile_for(doc, "ring")
-        lines += ["", "### Network alone: gloo ring all-reduce vs the ring model's communication term", "",
+        two = p.meta.get("allreduce_2rank")
+        lines += ["", "### Network alone: gloo ring all-reduce and the ring model's communication term", "",
                   f"All-reduce of the whole model ({p.model_bytes / 1e6:.2f} MB) among K capped ranks, no compute "
-                  "(`net-ring`, slowest rank per round, median of rounds). Model: 2(K−1)(M/(K·B_ring) + α_ring) "
-                  "with B_ring and α_ring fitted from the 2-rank calibration of the profile only.", "",
-                  "| K | measured | model | error |", "|---|---|---|---|"]
+                  "(`net-ring`, median of 8 rounds). *Collective*: from the last member's entry to the last exit "
+                  "(absolute clock), what the model's term stands for; *slowest member*: the longest time one "
+                  "member spent in the call (adds the entry skew after a barrier). Model: 2(K−1)(M/(K·B_ring) + "
+                  f"α_ring) with one hop fitted over these K (B_ring = {p.ring_bandwidth / 1e6:.2f} MB/s, α_ring = "
+                  f"{1e3 * p.ring_hop_latency:.2f} ms) — a calibration, so the column shows how well one hop "
+                  "describes every K; the 2-rank fit session 1 extrapolated from is shown for comparison.", "",
+                  "| K | collective | slowest member | model (fit over K) | error | 2-rank fit | error |",
+                  "|---|---|---|---|---|---|---|"]
         for k in sorted(net["ring"], key=int):
             kk = int(k)
             model = 2 * (kk - 1) * (p.model_bytes / (kk * p.ring_bandwidth) + p.ring_hop_latency)
-            m = net["ring"][k]["median_s"]
-            lines.append(f"| {kk} | {1e3 * m:.1f} ms | {1e3 * model:.1f} ms | {100 * (model / m - 1):+.1f}% |")
+            r = net["ring"][k]
+            pure = r.get("pure_median_s", r["median_s"])
+            cells = f"| {kk} | {1e3 * pure:.1f} ms | {1e3 * r['median_s']:.1f} ms | {1e3 * model:.1f} ms | " \
+                    f"{100 * (model / pure - 1):+.1f}% |"
+            if two:
+                b2 = p.bandwidth_bytes_per_s * two["efficiency"]
+                m2 = 2 * (kk - 1) * (p.model_bytes / (kk * b2) + two["latency_s"])
+                cells += f" {1e3 * m2:.1f} ms | {100 * (m2 / pure - 1):+.1f}% |"
+            else:
+                cells += " – | – |"
+            lines.append(cells)
     if "ps" in net:
         p = profile_for(doc, "ps-sync") if "ps-sync" in doc.get("profiles_by_arch", {}) else profile_for(doc, "ps-async")
         mb = p.model_bytes / p.effective_bandwidth
@@ -158,12 +173,19 @@ def characterisation(doc: dict[str, Any]) -> list[str]:
                   "once (fan-in); completion times of the first, middle and last flow (median of rounds), in "
                   f"units of one transfer alone M/B_eff = {1e3 * mb:.1f} ms. Processor sharing: all end at K; "
                   "FCFS: 1, 2, …, K.", "",
-                  "| K | fan-out first / middle / last | fan-in first / middle / last |", "|---|---|---|"]
+                  f"`tcp` model: the fitted σ (down {p.share_sigma_down}, up {p.share_sigma_up}; "
+                  "`des.fan_completion`, shapes fitted over all K).", "",
+                  "| K | fan-out first / middle / last | model | fan-in first / middle / last | model |",
+                  "|---|---|---|---|---|"]
+        from failslow.predict.des import fan_completion
+
         for k in sorted(net["ps"], key=int):
             r = net["ps"][k]
             fo, fi = r["fanout_median_s"], r["fanin_median_s"]
-            cell = lambda v: " / ".join(f"{x / mb:.2f}" for x in (v[0], v[len(v) // 2], v[-1]))  # noqa: E731
-            lines.append(f"| {k} | {cell(fo)} | {cell(fi)} |")
+            cell = lambda v, u=mb: " / ".join(f"{x / u:.2f}" for x in (v[0], v[len(v) // 2], v[-1]))  # noqa: E731
+            mdown = fan_completion(int(k), p.share_sigma_down or 0.0)
+            mup = fan_completion(int(k), p.share_sigma_up or 0.0)
+            lines.append(f"| {k} | {cell(fo)} | {cell(mdown, 1.0)} | {cell(fi)} | {cell(mup, 1.0)} |")
     return lines
 
 
@@ -281,10 +303,11 @@ def run() -> str:
         if CALIBRATION:
             cal = [json.loads(f.read_text()) for f in CALIBRATION]
             lines += ["", "### How the default link models were chosen", "",
-                      "The parameter-server models have several link disciplines. Defaults were picked on "
-                      "earlier sweeps (" + ", ".join(f"`{f.relative_to(ROOT)}`" for f in CALIBRATION)
-                      + ") and are evaluated above on a later, separate sweep (test). Cells: mean / max "
-                      "|error| over K = 1…8.", "", *selection_table(doc, cal)]
+                      "Session 1 picked the parameter-server link defaults among the σ-free disciplines on its "
+                      "calibration sweeps (" + ", ".join(f"`{f.relative_to(ROOT)}`" for f in CALIBRATION)
+                      + "); *test* is this sweep. Since session 2 a profile with a measured sharing σ makes PS-sync "
+                      "default to `tcp` (coarse and fine, rows above); without one the marked defaults apply. "
+                      "Cells: mean / max |error| over K = 1…8.", "", *selection_table(doc, cal)]
     else:
         lines += [f"_No measured data at `{DATA.relative_to(ROOT)}`: run `python -m testbed.dparch.measure`._"]
 

@@ -238,8 +238,11 @@ def ps_async(p: Profile, k: int, *, link: StationKind | Literal["auto"] = "auto"
     f = _factors(k, slowdown)
     ov = p.overlap if overlap is None else overlap
     m = p.model_bytes / p.effective_bandwidth
-    fwd = f * p.forward_s.sum()
-    bwd = f * (p.backward_s.sum() + p.update_s)
+    # A delay station's throughput depends on the mean service time: the mean of the profiled steps
+    # (the per-layer figures are medians, below the mean when a step's distribution has a tail).
+    sf, sb = p.step_samples()
+    fwd = f * float(sf.mean(axis=0).sum())
+    bwd = f * (float(sb.mean(axis=0).sum()) + p.update_s)
     server = np.full(k, 2 * p.accumulate_s)  # apply the gradient, copy the parameters to send
     exact = k <= exact_max
 

@@ -44,7 +44,7 @@ def test_bandwidth_option_changes_the_prediction(failslow_cmd: list[str], profil
     (["--workers", "two"], "bad --workers"),
     (["--bandwidth", "fast"], "bad rate"),
     (["--slowdown", "x"], "bad --slowdown"),
-    (["--model", "fine", "--link", "tcp"], "link sharing"),
+    (["--model", "fine", "--link", "fair"], "link sharing"),
     (["--arch", "mesh"], "invalid choice"),
 ])
 def test_bad_options_exit_2_with_a_message(failslow_cmd: list[str], profile_file: Path, args: list[str],
