@@ -123,7 +123,8 @@ class FakeJob:
     """What a node agent would publish for one job, driven by the test (values in seconds).
 
     ``slow_rank`` makes that rank compute ``factor`` times longer (its DP peer waits inside the all-reduce);
-    ``slow_node`` makes every communicator spanning that node transfer ``factor`` times slower.
+    ``slow_node`` makes every communicator spanning that node transfer ``factor`` times slower;
+    ``slow_stage`` makes every rank of that pipeline stage compute ``factor`` times longer.
     """
 
     job: str = "train"
@@ -132,6 +133,7 @@ class FakeJob:
     base: float = 1.0
     slow_rank: int | None = None
     slow_node: int | None = None
+    slow_stage: int | None = None
     factor: float = 1.5
     comm_metrics: bool = True
     tick: int = 0
@@ -157,7 +159,8 @@ class FakeJob:
         """One exporter window: per-call means and the resulting iteration times."""
         self.tick += 1
         jitter = 1.0 + 0.01 * ((self.tick * 7919) % 13 - 6) / 6.0
-        compute = {r: 0.8 * (self.factor if r == self.slow_rank else 1.0) for r in range(self.world)}
+        compute = {r: 0.8 * (self.factor if r == self.slow_rank or self.coords(r)[1] == self.slow_stage else 1.0)
+                   for r in range(self.world)}
         slowest = max(compute.values())
         for name, (_kind, ranks) in self.comms().items():
             link = self.factor if self.slow_node is not None and self.slow_node in ranks else 1.0

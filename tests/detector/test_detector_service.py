@@ -160,6 +160,23 @@ def test_link_fault_names_the_node_not_the_ranks(stack) -> None:
     assert _value(det, "failslow_detector_suspect", job="train", kind="link", rank="", node="node1") > 0.5
 
 
+def test_stage_fault_names_every_rank_of_the_stage(stack) -> None:
+    """Both DP ranks of stage 1 slow alike: no rank stands out among its DP peers, the stage does."""
+    job, _ep, prom, red = stack
+    det = build(_settings(prom, red), CollectorRegistry())
+    _wait_for_samples(det)
+    _poll(det, 15)
+    job.slow_stage = 1
+    _poll(det, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 1.0)
+    assert _value(det, "failslow_detector_failslow", job="train") == 1.0
+    want = [("compute", "2", "node2"), ("compute", "3", "node3")]
+    _poll(det, 60, lambda d: sorted((s["kind"], s["rank"], s["node"]) for s in d.engine.jobs["train"].suspects) == want)
+    sus = det.engine.jobs["train"].suspects
+    assert sorted((s["kind"], s["rank"], s["node"]) for s in sus) == want, sus
+    assert all(s["evidence"]["stage"] == 1 for s in sus)
+    assert _value(det, "failslow_detector_suspect", job="train", kind="compute", rank="2", node="node2") > 0.5
+
+
 def test_a_job_that_stops_is_dropped_with_its_series_and_state(tmp_path: Path) -> None:
     """A job that ends (its series vanish) loses its detector rows, exported series and Redis event."""
     live, gone = FakeJob(job="live"), FakeJob(job="gone")
