@@ -14,6 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, help="port of the detector's /metrics (FAILSLOW_DETECTOR_PORT)")
     p.add_argument("--address", help="address to bind (FAILSLOW_DETECTOR_ADDRESS)")
     p.add_argument("--poll-interval", type=float, help="seconds between polls (FAILSLOW_DETECTOR_POLL_INTERVAL_S)")
+    p.add_argument("--stale-after", type=float,
+                   help="seconds without a new sample before a rank's series (and a job left without any) is "
+                        "dropped (FAILSLOW_DETECTOR_STALE_AFTER_S, default 600)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -26,7 +29,8 @@ def run(args: argparse.Namespace) -> int:
 
     over = {k: v for k, v in {"prometheus_url": args.prometheus_url, "redis_url": args.redis_url,
                               "port": args.port, "address": args.address,
-                              "poll_interval_s": args.poll_interval}.items() if v is not None}
+                              "poll_interval_s": args.poll_interval,
+                              "stale_after_s": args.stale_after}.items() if v is not None}
     try:
         settings = Settings(**over)
     except ValidationError as exc:

@@ -298,6 +298,9 @@ def test_cli_rejects_bad_settings(failslow_cmd: list[str]) -> None:
     p = subprocess.run([*failslow_cmd, "detector", "--poll-interval", "-1"], capture_output=True, text=True,
                        timeout=60)
     assert p.returncode == 2 and p.stderr.startswith("failslow detector: ")
+    p = subprocess.run([*failslow_cmd, "detector", "--stale-after", "0"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 2 and "stale_after_s" in p.stderr
 
 
 def test_metrics_bounded_suspect_series() -> None:
