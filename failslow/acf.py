@@ -67,6 +67,10 @@ LOCK_REPEATS: Final = 16
 #: ... and, for periods of several calls, at least this many calls (a period of 8 identical-looking
 #: Send/Recv pairs shows as 2 until the block test can look at 4 times that).
 LOCK_MIN_CALLS: Final = 96
+#: Repeats of a short multiple of a candidate period needed before its blocks may veto the candidate.
+MULTIPLE_REPEATS: Final = 12
+#: Iterations a template needs before its zero/non-zero gap structure is used to flag new schedules.
+ZERO_MIN_ITERATIONS: Final = 8
 #: Iterations are marked at the end of their last call (instead of the start of their first) when
 #: the idle time before the first call is more than this fraction of the iteration.
 MARK_END_IDLE: Final = 0.5
@@ -401,7 +405,8 @@ class PeriodVerdict:
     """What one `PeriodTracker.update` learned.
 
     Attributes:
-        period: Calls per iteration currently believed, or ``None`` while (re-)estimating.
+        period: Calls per iteration: the last period locked in (kept while a change alarm is being
+            re-estimated), or ``None`` before the first.
         changed: The period changed (or was first found) in this update.
         iteration_s: Durations of iterations completed in this update, oldest first.
         iteration_end_t: Time (same clock as the input) each of those iterations ended.
@@ -475,6 +480,9 @@ class PeriodTracker:
     _grid: tuple[int, int] | None = None  # (boundary, period) of the grid before a pattern change
     _resume: int | None = None  # first unreported boundary before a restart (continue there if unchanged)
     _mark_end: bool = True  # mark iterations by the end of their last call (else the start of the first)
+    _never_zero: npt.NDArray[np.bool_] | None = field(default=None, repr=False)  # positions whose gap never was 0
+    _always_zero: npt.NDArray[np.bool_] | None = field(default=None, repr=False)  # ... always was 0 (issued together)
+    _shown: int | None = None  # the period reported: the last one locked in, kept while re-estimating
     _out: tuple[list[float], list[float]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -484,8 +492,9 @@ class PeriodTracker:
 
     @property
     def period(self) -> int | None:
-        """Calls per iteration currently believed (``None`` while estimating)."""
-        return self._period
+        """Calls per iteration: the last period locked in (kept while a change is being re-estimated;
+        ``None`` until the first one)."""
+        return self._shown
 
     def _end(self) -> int:
         return self._base + len(self._t)
@@ -525,6 +534,7 @@ class PeriodTracker:
                 raise InputError("PeriodTracker.update: the number of features changed")
             self._keys = np.empty((0, keys.shape[1]), dtype=np.int64)
         new_start = self._end()
+        period_before = self._shown
         emitted_s: list[float] = []
         emitted_t: list[float] = []
         self._out = (emitted_s, emitted_t)
@@ -583,6 +593,8 @@ class PeriodTracker:
             if not self._changed_by_gaps:
                 break
             changed = True
+        # A false alarm that took the same period back within this update changed nothing.
+        changed = changed and self._shown != period_before
         return self._verdict(changed, emitted_s, emitted_t)
 
     def flush(self) -> PeriodVerdict:
@@ -625,7 +637,7 @@ class PeriodTracker:
             return False
         self._suspect = None
         self._restart(self._end() - n)
-        self._estimate(trusted=True)
+        self._estimate()
         return True
 
     def _restart(self, at: int, *, grid: bool = True) -> bool:
@@ -642,14 +654,15 @@ class PeriodTracker:
             snapped = b + ((at - b) // p) * p
             if snapped >= self._base:
                 if self._out is not None:
-                    self._emit(*self._out, limit=snapped)
+                    # Complete old iterations are reported, except the one right before the change: it
+                    # may be the first part of a longer new iteration (see `_phase_anchor`).
+                    self._emit(*self._out, limit=snapped - p)
                 at = snapped
                 self._grid = (snapped, p)
                 self._resume = self._last_b
         self._seg = max(at, self._base)
         self._seg_origin = False
         self._period, self._conf, self._last_b, self._next_try = None, 0.0, None, 0
-        self._tmpl = None
         self._cand = None
         return was
 
@@ -669,17 +682,44 @@ class PeriodTracker:
         if p == self._period:
             self._cand = p
             self._conf = est.confidence
-            self._fit_template()
+            # Refit on reported iterations only: unreported ones may already follow a new schedule.
+            self._fit_template(upto=self._last_b)
             return False
         # Lock-in: a period is adopted when its stretch holds LOCK_REPEATS repeats (enough for the block
         # test to have looked at twice the period) and an estimate on a stretch at most two thirds as
         # long (the previous one, else the first two thirds of this one) found it too. A young
         # stream's first answers are often a micro-batch or a multiple of the period; reporting their
         # iterations and switching later made the live gauge flap.
-        enough = len(t) >= LOCK_REPEATS * p and (p == 1 or len(t) >= LOCK_MIN_CALLS)
+        # After a pattern change the new iterations are known to start on the old grid, and the gauge
+        # should follow within a few iterations: half the repeats suffice there.
+        repeats = LOCK_REPEATS if self._grid is None else LOCK_REPEATS // 2
+        enough = len(t) >= repeats * p and (p == 1 or len(t) >= LOCK_MIN_CALLS)
         # After a change alarm, the period in force before it is taken back at once (false alarm, e.g.
         # one slow iteration, or the job's closing barrier).
-        trusted |= self._grid is not None and p == self._grid[1]
+        if self._grid is not None and p == self._grid[1]:
+            # Taken back at once only if the iterations after the alarm look like the old template
+            # again; a doubled count of alike micro-batches also first shows the old period.
+            after = np.arange(self._seg + 3 * p, self._end() - p + 1, p, dtype=np.int64)
+            trusted |= len(after) >= 2 and not self._iteration_bad(after, p).any()
+        if enough and not trusted and self._grid is not None:
+            old = self._grid[1]
+            if p < old:
+                # Shorter than before: a doubled count of alike micro-batches shows first as the
+                # micro-batch itself. The blocks of p must look alike within twice the old period (so the
+                # stretch must hold enough repeats of that) and within the old period.
+                z = gap_signal(t)
+                enough = z is not None and all(_blocks_differ(z, p, m) is False
+                                               for m in (old, 2 * old) if m % p == 0)
+            elif p % old == 0:
+                enough = _trust_switch(t, p, old)  # a multiple needs the block test to see its blocks differ
+        if enough and not trusted:
+            # Nor may a short multiple of p (2 to 4 times) show blocks of p that differ: then p is a
+            # micro-batch whose once-per-iteration gap the estimate's few repeats did not reveal. Only
+            # with MULTIPLE_REPEATS repeats of the multiple: at the block test's minimum it saw spurious
+            # differences on real jobs.
+            z = gap_signal(t)
+            enough = z is None or not any(len(z) >= MULTIPLE_REPEATS * k * p and _blocks_differ(z, p, k * p) is True
+                                          for k in (2, 3, 4))
         if not trusted and enough and p != self._cand:
             # No earlier estimate to agree with (e.g. a big first read): the first two thirds must agree.
             k = (2 * len(t)) // 3
@@ -687,10 +727,10 @@ class PeriodTracker:
             trusted = early is not None and early.period == p
         if not (trusted or (enough and p == self._cand)):
             self._cand = p
-            self._next_try = self._end() + max(p, len(t) // 2)
+            self._next_try = self._end() + max(p, len(t) // 3)
             return False
         self._cand = p
-        self._period, self._conf = p, est.confidence
+        self._period, self._conf, self._shown = p, est.confidence, p
         anchor = self._phase_anchor(p, est, sym)
         # Never report an iteration twice, nor one that left the buffer. On an unchanged grid this
         # lands exactly on the first unreported boundary: reporting goes on without a gap.
@@ -713,7 +753,23 @@ class PeriodTracker:
             # which the new pattern repeats.
             gb, gp = self._grid
             i0 = lo + _periodic_start(sym, p)
-            return gb + -(-(i0 - gb) // gp) * gp
+            first = gb + -(-(i0 - gb) // gp) * gp
+            cands = np.arange(first, i0 + p, gp, dtype=np.int64)
+            if len(cands) <= 1:
+                return first
+            # Several old boundaries fall inside one new iteration (the symbols cannot tell which one
+            # began it, e.g. twice the micro-batches of alike Send/Recv): the new iteration begins at
+            # the one that kept the optimizer's gap before it, the longest median gap of them.
+            g = np.concatenate(([0.0], np.maximum(np.diff(self._t[lo - self._base:]), 0.0)))
+            med = [float(np.median(g[c - lo::p])) if len(g[c - lo::p]) else 0.0 for c in cands]
+            j = int(np.argmax(med))
+            a = int(cands[j])
+            # The change may have been noticed one old block late (the first half of a longer new
+            # iteration looked right): step back while the unreported call there has that gap too.
+            floor = max(self._base + 1, self._resume if self._resume is not None else lo, gb - gp)
+            while a - p >= floor and self._t[a - p - self._base] - self._t[a - p - 1 - self._base] >= 0.5 * med[j]:
+                a -= p
+            return a
         bounds = lo + est.boundaries
         # Emission resumes at the first new boundary not before what was already reported: the
         # iteration that straddles a pattern change mixes two schedules and is not reported.
@@ -753,10 +809,10 @@ class PeriodTracker:
         g = np.maximum(self._t[i] - self._t[prev], 0.0)
         return np.asarray(np.log1p(g / self._scale), dtype=np.float64)
 
-    def _iteration_corr(self, starts: IntArray) -> FloatArray:
+    def _iteration_corr(self, starts: IntArray, p: int | None = None) -> FloatArray:
         """Correlation of each iteration's gap profile (iterations starting at ``starts``) with the template."""
-        p = self._period
-        if p is None or self._tmpl is None or len(starts) == 0:
+        p = self._period if p is None else p
+        if p is None or self._tmpl is None or len(self._tmpl) != p or len(starts) == 0:
             return np.ones(len(starts))
         idx = (starts[:, None] + np.arange(p)[None, :]).reshape(-1)
         x = self._log_gaps(int(idx.min()), int(idx.max()) + 1)[idx - int(idx.min())].reshape(len(starts), p)
@@ -765,21 +821,22 @@ class PeriodTracker:
         den = np.sqrt((xc * xc).sum(axis=1) * float(tc @ tc))
         return np.where(den > 0, (xc @ tc) / np.maximum(den, 1e-300), 1.0)
 
-    def _fit_template(self) -> None:
+    def _fit_template(self, upto: int | None = None) -> None:
         """Per-phase gap profile of the current stretch, and how well its own iterations match it.
 
         Later iterations are checked against it: a stream whose calls all look alike can only show a
         new schedule (e.g. more micro-batches) through its gaps.
         """
         p = self._period
-        self._tmpl = None
+        self._tmpl = self._never_zero = self._always_zero = None
         if p is None or p < 3:
             return
         lo = max(self._seg, self._base + 1)
         gaps = np.maximum(np.diff(self._t[lo - self._base - 1:]), 0.0)
         self._scale = max(float(np.median(gaps)), 1e-9) if len(gaps) else 1.0
         first = lo + ((self._anchor - lo) % p)
-        starts = np.arange(first, self._end() - p + 1, p, dtype=np.int64)
+        stop = self._end() - p + 1 if upto is None else min(self._end() - p + 1, upto)
+        starts = np.arange(first, stop, p, dtype=np.int64)
         if len(starts) < 2:
             return
         idx = (starts[:, None] + np.arange(p)[None, :]).reshape(-1)
@@ -788,10 +845,32 @@ class PeriodTracker:
         if float(np.ptp(tmpl)) <= 0:
             return
         self._tmpl = tmpl
+        if len(starts) >= ZERO_MIN_ITERATIONS:
+            self._never_zero, self._always_zero = (x > 0).all(axis=0), (x == 0).all(axis=0)
         base = self._iteration_corr(starts)
         med = float(np.median(base))
         mad = float(np.median(np.abs(base - med)))
         self._corr_min = med - max(CORR_DROP, 6.0 * mad)
+
+    def _iteration_bad(self, starts: IntArray, p: int | None = None) -> npt.NDArray[np.bool_]:
+        """Which iterations of ``p`` calls (default: the current period) starting at ``starts`` do not
+        look like the template.
+
+        Either the whole gap profile correlates poorly with the template, or the structure of the
+        calls changed: a position that was never issued together with the call before it now is (the
+        optimizer's gap before an iteration's first Recv is gone: this is the second half of a longer
+        iteration of alike micro-batches), or calls always issued together (a batched Send/Recv pair)
+        are apart. Jitter, however large on a loaded machine, changes neither.
+        """
+        p = self._period if p is None else p
+        bad = self._iteration_corr(starts, p) < self._corr_min
+        if p is None or self._never_zero is None or self._always_zero is None or len(self._never_zero) != p \
+                or len(starts) == 0:
+            return np.asarray(bad, dtype=bool)
+        idx = (starts[:, None] + np.arange(p)[None, :]).reshape(-1)
+        x = self._log_gaps(int(idx.min()), int(idx.max()) + 1)[idx - int(idx.min())].reshape(len(starts), p)
+        out = bad | ((x == 0) & self._never_zero).any(axis=1) | ((x > 0) & self._always_zero).any(axis=1)
+        return np.asarray(out, dtype=bool)
 
     def _emit(self, out_s: list[float], out_t: list[float], *, limit: int | None = None) -> None:
         """Report the iterations completed since the last report (those ending at or before ``limit``).
@@ -811,15 +890,25 @@ class PeriodTracker:
             b = b[b <= limit]
         restart_at = None
         if limit is None and len(b) >= 2:
-            # Gap-profile check: two consecutive iterations that do not look like the template mean the
-            # schedule changed; restart estimation at the first of them and report neither.
-            bad = self._iteration_corr(b[:-1]) < self._corr_min
-            pair = np.flatnonzero(bad[:-1] & bad[1:])
-            if len(pair):
-                restart_at = int(b[pair[0]])
-                b = b[: pair[0] + 1]
-            elif bad[-1]:
-                b = b[:-1]  # wait for the next iteration to tell a blip from a change
+            # Gap-profile check: two of three consecutive iterations that do not look like the template
+            # mean the schedule changed (with twice the micro-batches of alike calls every other block
+            # of the old length still looks right); restart estimation at the first of them. An
+            # iteration is reported only once the next one looked right too, so the one before a
+            # change (maybe the first half of a longer new iteration) is still unreported then.
+            bad = self._iteration_bad(b[:-1])
+            nb = len(bad)
+            two = [k for k in range(nb) if bad[k] and (bad[k + 1:k + 3].any())]
+            if two:
+                restart_at = int(b[two[0]])
+                b = b[: max(two[0] - 1, 0) + 1]
+            else:
+                # An iteration waits while it, or one of its next two (whose bad start would make it the
+                # first half of a new iteration), is bad and not yet known to be a blip.
+                n_ok = 0
+                while n_ok + 1 < nb and not ((bad[n_ok] and n_ok + 2 >= nb) or
+                                             (bad[n_ok + 1:n_ok + 3].any() and n_ok + 3 >= nb)):
+                    n_ok += 1
+                b = b[: n_ok + 1]
         ii = b - self._base
         if self._mark_end and len(b) and ii[0] < 1:
             b, ii = b[1:], ii[1:]  # the first boundary of the buffer has no previous call to mark it
@@ -849,7 +938,7 @@ class PeriodTracker:
 
     def _verdict(self, changed: bool, s: list[float], t: list[float]) -> PeriodVerdict:
         return PeriodVerdict(
-            period=self._period, changed=changed,
+            period=self._shown, changed=changed,
             iteration_s=np.asarray(s, dtype=np.float64), iteration_end_t=np.asarray(t, dtype=np.float64),
             iterations_total=self._total,
             mean_iteration_s=float(np.mean(self._recent)) if self._recent else None,
@@ -904,12 +993,12 @@ def infer_iterations(
     out_t: list[FloatArray] = []
     for i in range(0, len(t), chunk):
         v = tr.update(t[i:i + chunk], *(f[i:i + chunk] for f in feats))
-        if v.changed and v.period is not None:
-            periods.append(v.period)
+        if v.changed and v.period is not None and (not periods or periods[-1] != v.period):
+            periods.append(v.period)  # a false alarm (period lost, then the same one found) is no change
         out_s.append(v.iteration_s)
         out_t.append(v.iteration_end_t)
     v = tr.flush()
-    if v.changed and v.period is not None:
+    if v.changed and v.period is not None and (not periods or periods[-1] != v.period):
         periods.append(v.period)
     out_s.append(v.iteration_s)
     out_t.append(v.iteration_end_t)

@@ -191,3 +191,80 @@ def test_small_polls_of_a_young_stream_do_not_lock_on_one_call_per_iteration(chu
     res = infer_iterations(tr.t_start, tr.op, tr.comm, tr.nbytes, chunk=chunk)
     assert res.period == 5 and res.periods[-1] == 5
     assert len(res.iteration_s) >= 30
+
+
+def _prefixed(tr: ps.SynthTrace) -> tuple[np.ndarray, ...]:
+    """The stream as a ring read from its first record shows it: one set-up barrier, then iterations.
+
+    Calls issued back to back with no compute between them (a Send and the Recv after it) get the
+    same start time, as the torch hook records a `batch_isend_irecv`.
+    """
+    ts = tr.t_start.copy()
+    for i in np.flatnonzero(np.diff(ts) < 1e-3) + 1:
+        ts[i] = ts[i - 1]
+    t = np.concatenate(([ts[0] - 0.5], ts))
+    op = np.concatenate(([9], tr.op))  # BARRIER
+    return t, op, np.concatenate(([0], tr.comm)), np.concatenate(([0], tr.nbytes)), \
+        np.concatenate(([t[0] + 1e-3], ts + tr.duration))
+
+
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_origin_anchors_iterations_where_the_trainer_begins_them(stage: int) -> None:
+    # Read from its origin, a stream's iterations begin at the first call after the set-up barrier,
+    # whatever the gaps say (on a last stage the longest gap is the pipeline fill before a Send, not
+    # the optimizer step): every mark is the first call of a true iteration.
+    tr = ps.generate([ps.pp_1f1b(stage, 4, 6)], [60], seed=stage, jitter=0.1)
+    t, op, comm, nbytes, te = _prefixed(tr)
+    trk = PeriodTracker(origin=True)
+    ends: list[float] = []
+    for i in range(0, len(t), 5):  # live polls of a few records
+        v = trk.update(t[i:i + 5], op[i:i + 5], comm[i:i + 5], nbytes[i:i + 5], t_end=te[i:i + 5])
+        ends.extend(v.iteration_end_t)
+    p = tr.period[0]
+    assert trk.period == p and len(ends) >= 40
+    # marked at the start of the iteration's first call, or at the end of the last call before it
+    assert np.all(np.isin(ends, t[1::p]) | np.isin(ends, te[p::p]))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_live_polls_lock_in_once_and_never_flap(seed: int) -> None:
+    # A last pipeline stage: every micro-batch is the same Recv/Send pair, so a young stream looks like a
+    # 2-call period; only the optimizer's small gap tells the 8-call iteration. The period shown, poll
+    # after poll, must go from nothing to the right one and stay there.
+    tr = ps.generate([ps.pp_1f1b(3, 4, 4, opt_s=0.004)], [80], seed=seed, jitter=0.2)
+    t, op, comm, nbytes, te = _prefixed(tr)
+    trk = PeriodTracker(origin=True)
+    shown: list[int] = []
+    for i in range(0, len(t), 3):
+        v = trk.update(t[i:i + 3], op[i:i + 3], comm[i:i + 3], nbytes[i:i + 3], t_end=te[i:i + 3])
+        if v.period is not None and (not shown or shown[-1] != v.period):
+            shown.append(v.period)
+    assert shown == [8]
+    assert trk.period == 8
+
+
+def test_symbol_invisible_micro_batch_change_is_followed_on_the_old_grid() -> None:
+    # Last stage of two, 3 -> 6 micro-batches: the calls look exactly as before, only the gaps change.
+    # The new period is found within a bounded number of iterations, and every iteration reported after
+    # the change is a whole new iteration (none is half of one).
+    tr = ps.generate([ps.pp_1f1b(1, 2, 3, opt_s=0.01), ps.pp_1f1b(1, 2, 6, opt_s=0.01)], [40, 40], seed=5,
+                     jitter=0.05)
+    t, op, comm, nbytes, te = _prefixed(tr)
+    trk = PeriodTracker(origin=True)
+    first_new = None
+    out_s: list[float] = []
+    out_t: list[float] = []
+    for i in range(0, len(t), 4):
+        v = trk.update(t[i:i + 4], op[i:i + 4], comm[i:i + 4], nbytes[i:i + 4], t_end=te[i:i + 4])
+        out_s.extend(v.iteration_s)
+        out_t.extend(v.iteration_end_t)
+        if first_new is None and v.period == 12:
+            first_new = t[min(i + 4, len(t) - 1)]
+    change_t = tr.iter_start[40]
+    assert first_new is not None
+    assert np.searchsorted(tr.iter_start, first_new) - 40 <= 16  # iterations of the new schedule it took
+    s, e = np.asarray(out_s), np.asarray(out_t)
+    after = s[e > change_t + 0.5]
+    assert len(after) >= 20
+    assert np.all(np.abs(after / np.median(tr.iteration_s[40:]) - 1) < 0.2)  # no half iterations
+    assert abs(np.mean(after) / np.mean(tr.iteration_s[-len(after):]) - 1) < 0.012
