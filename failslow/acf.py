@@ -720,11 +720,13 @@ class PeriodTracker:
             z = gap_signal(t)
             enough = z is None or not any(len(z) >= MULTIPLE_REPEATS * k * p and _blocks_differ(z, p, k * p) is True
                                           for k in (2, 3, 4))
-        if not trusted and enough and p != self._cand:
+        if not trusted and enough and p != self._cand and len(t) < 4 * LOCK_REPEATS * p:
             # No earlier estimate to agree with (e.g. a big first read): the first two thirds must agree.
+            # (Not asked of a stretch with 4 times the repeats: a scrape of 10k new records.)
             k = (2 * len(t)) // 3
             early = estimate_period(t[:k], None if sym is None else sym[:k], min_repeats=self.min_repeats)
             trusted = early is not None and early.period == p
+        trusted |= enough and len(t) >= 4 * LOCK_REPEATS * p
         if not (trusted or (enough and p == self._cand)):
             self._cand = p
             self._next_try = self._end() + max(p, len(t) // 3)
