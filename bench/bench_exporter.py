@@ -24,6 +24,7 @@ from exporter.accuracy import score_run
 from exporter.collectors.ring import RingCollector
 from failslow import period_synth as ps
 from failslow.acf import encode_symbols, estimate_period, gap_signal
+from failslow.errors import InputError
 from failslow.ring import Flag, RingReader, RingWriter, find_rings
 
 TITLE = "Exporter: scrape time, ACF inference, memory, accuracy against the trainer"
@@ -248,7 +249,11 @@ def bench_accuracy(tmp: Path) -> list[str]:
             continue
         report = json.loads((d / "report.json").read_text())
         for chunk in (256, 5):  # one big read per scrape, and the few records of a live poll
-            acc = score_run(d / "rings", report, chunk=chunk)
+            try:
+                acc = score_run(d / "rings", report, chunk=chunk)
+            except InputError as exc:
+                rows.append(f"| {name} | - | | | {chunk} records | not scored: {exc} | | | | {wall:.0f} |")
+                continue
             periods = sorted({a.period for a in acc if a.period is not None})
             rows.append(
                 f"| {name} | {len(acc)} | {', '.join(map(str, periods))} | "

@@ -717,7 +717,9 @@ class PeriodTracker:
             # micro-batch whose once-per-iteration gap the estimate's few repeats did not reveal. Only
             # with MULTIPLE_REPEATS repeats of the multiple: at the block test's minimum it saw spurious
             # differences on real jobs.
-            z = gap_signal(t)
+            # Never for one call per iteration (gradient all-reduces of a DP-only job may alternate
+            # even/odd), and not past 4 * LOCK_REPEATS repeats: a veto must not hold a period off forever.
+            z = gap_signal(t) if p > 1 and len(t) < 4 * LOCK_REPEATS * p else None
             enough = z is None or not any(len(z) >= MULTIPLE_REPEATS * k * p and _blocks_differ(z, p, k * p) is True
                                           for k in (2, 3, 4))
         if not trusted and enough and p != self._cand and len(t) < 4 * LOCK_REPEATS * p:
