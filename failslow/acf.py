@@ -710,8 +710,11 @@ class PeriodTracker:
                 z = gap_signal(t)
                 enough = z is not None and all(_blocks_differ(z, p, m) is False
                                                for m in (old, 2 * old) if m % p == 0)
-            elif p % old == 0:
+            elif p != old and p % old == 0:
                 enough = _trust_switch(t, p, old)  # a multiple needs the block test to see its blocks differ
+            # The old period again with a different gap profile (a slowdown: a GC pause, a throttled
+            # peer) is a new regime of the same schedule: locked in like any period, so iterations keep
+            # being reported through a fault instead of waiting for the old profile to come back.
         if enough and not trusted:
             # Nor may a short multiple of p (2 to 4 times) show blocks of p that differ: then p is a
             # micro-batch whose once-per-iteration gap the estimate's few repeats did not reveal. Only
