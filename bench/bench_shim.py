@@ -172,8 +172,8 @@ def run() -> str:
         "",
         *breakdown,
         "",
-        "Per call the shim takes two timestamps (entry, return), claims a slot (one atomic — the slot's CAS —",
-        "while one thread writes the ring; a fetch-add on the sequence counter as well once several do) and",
+        "Per call the shim takes two timestamps (entry, return), claims a slot (two atomics: a fetch-add on",
+        "the sequence counter and the slot's CAS) and",
         "makes 16 stores into one 128-byte slot; with 2 threads the counter's and the slots' cache lines move",
         "between the two cores.",
     ]

@@ -13,13 +13,6 @@
  *     BUSY (another writer still inside it after a full wrap) or already holds something newer, the writer
  *     gives up on this record and counts it in `dropped` — it never waits;
  *   - it writes the payload, then stores stamp = s with release semantics ("commit").
- *   Single-writer fast path (failslow_ring_claim_owner): while exactly one thread writes a ring, that thread
- *   may take s = write_index + 1 with a plain load and store instead of the fetch-add (the slot's CAS stays):
- *   one atomic per record instead of two. The producer decides when that holds (see the shim: the first
- *   thread that writes a call record owns the ring until any other thread writes, then everyone uses the
- *   fetch-add for good). In the one window where a second thread starts writing while the owner is between
- *   its load and store of write_index, a sequence number can be handed out twice: the slot's CAS lets only
- *   one writer have it (the other record is dropped and counted), so records are still never torn.
  *   A reader expecting seq e in a slot loads the stamp (acquire), copies the record, fences (acquire) and
  *   loads the stamp again: the copy is valid only when both loads equal e. A stamp whose sequence part is
  *   larger than e means the slot was overwritten (record lost, counted by the reader). A stamp smaller than
@@ -204,25 +197,6 @@ static inline struct failslow_record *failslow_ring_claim(struct failslow_ring_h
     __atomic_thread_fence(__ATOMIC_RELEASE);
     /* a plain store, not a locked add, keeps the hot path at two atomic RMWs; with one writer thread it is
      * exact, with several it may briefly lag by the records in flight */
-    if (old != 0 && s > h->capacity) __atomic_store_n(&h->overwritten, s - h->capacity, __ATOMIC_RELAXED);
-    *seq = s;
-    return r;
-}
-
-/* Writer side, single-writer fast path: as failslow_ring_claim, but write_index advances with a plain load
- * and store. Only for the ring's one writer thread (see the protocol above). */
-static inline struct failslow_record *failslow_ring_claim_owner(struct failslow_ring_header *h, uint64_t *seq) {
-    uint64_t s = __atomic_load_n(&h->write_index, __ATOMIC_RELAXED) + 1;
-    __atomic_store_n(&h->write_index, s, __ATOMIC_RELAXED);
-    struct failslow_record *r = failslow_ring_records(h) + ((s - 1) & (uint64_t)(h->capacity - 1));
-    uint64_t old = __atomic_load_n(&r->seq, __ATOMIC_RELAXED);
-    if ((old & FAILSLOW_STAMP_BUSY) || old >= s ||
-        !__atomic_compare_exchange_n(&r->seq, &old, s | FAILSLOW_STAMP_BUSY, 0, __ATOMIC_ACQUIRE,
-                                     __ATOMIC_RELAXED)) {
-        __atomic_add_fetch(&h->dropped, 1, __ATOMIC_RELAXED);
-        return NULL;
-    }
-    __atomic_thread_fence(__ATOMIC_RELEASE);
     if (old != 0 && s > h->capacity) __atomic_store_n(&h->overwritten, s - h->capacity, __ATOMIC_RELAXED);
     *seq = s;
     return r;

@@ -908,25 +908,12 @@ typedef uint64_t __attribute__((may_alias)) u64_alias;
 #endif
 #define PACK32(lo, hi) ((uint64_t)(uint32_t)(lo) | ((uint64_t)(uint32_t)(hi) << 32))
 
-/* Which claim a record takes: the single-writer fast path (one atomic) while one thread writes this
- * process's ring, the fetch-add path (two atomics) once another thread has written too. The owner is the
- * first thread that writes a call record; control events written before there is an owner take the
- * fetch-add path without ending the fast path (nobody uses it yet). Sticky: once contended, always (until
- * fork: the child has one thread and a new ring). */
-static uint32_t g_owner_tid;
-static int g_contended;
-
+/* Every record claims its slot with the fetch-add protocol of failslow_ring.h (two atomics). A single-writer
+ * fast path (a plain load and store of write_index while one thread writes) was tried and removed: a second
+ * thread that starts writing while the owner sits between that load and store makes write_index go back
+ * and a burst of records be lost uncounted (seen in the many-threads test under load). */
 static inline struct failslow_record *claim(struct failslow_ring_header *h, uint64_t *seq, int is_call) {
-    if (LIKELY(!__atomic_load_n(&g_contended, __ATOMIC_RELAXED))) {
-        uint32_t me = my_tid(), own = __atomic_load_n(&g_owner_tid, __ATOMIC_RELAXED);
-        if (LIKELY(own == me)) return failslow_ring_claim_owner(h, seq);
-        if (own == 0) {
-            if (!is_call) return failslow_ring_claim(h, seq);
-            if (__atomic_compare_exchange_n(&g_owner_tid, &own, me, 0, __ATOMIC_SEQ_CST, __ATOMIC_RELAXED))
-                return failslow_ring_claim_owner(h, seq);
-        }
-        __atomic_store_n(&g_contended, 1, __ATOMIC_SEQ_CST);
-    }
+    (void)is_call;
     return failslow_ring_claim(h, seq);
 }
 
@@ -1321,8 +1308,6 @@ static void after_fork_child(void) {
     t_in_hook = 0;
     /* threads do not survive fork: no resolver, and no CUDA use in the child without a new pool */
     g_resolver_running = 0;
-    g_owner_tid = 0; /* the child has one thread (and gets a new ring) */
-    g_contended = 0;
     g_clk_lock = 0; /* a thread that held it is gone; the calibration itself is inherited (same counter) */
     t_comm_key = NULL;
     t_comm_entry = NULL;
