@@ -352,8 +352,8 @@ def run() -> str:
                  f"{exact * 1e3:.1f} ms | {exact / approx:.0f}× faster |")
     lines.append(f"| async MVA, K=256, Bard–Schweitzer | {big * 1e3:.1f} ms | | |")
     lines += ["", "Command: `.venv/bin/python -m bench predict` (recomputes everything above from the data files; "
-              "the sweep itself, not in `make test`, one exclusive quiet-lock hold per architecture of ~6 min each: "
-              "`flock -x /work/notes/quiet.lock .venv/bin/python -m testbed.dparch.measure --arch ring --repeats 3 "
+              "the sweep itself, not in `make test`, one hold of the otherwise idle machine per architecture of ~6 min each: "
+              "`.venv/bin/python -m testbed.dparch.measure --arch ring --repeats 3 "
               "--out docs/data/predict-measured-4-ring.json`, the same for `ps-sync` and `ps-async --no-net`, then "
               "`python -m testbed.dparch.measure --combine docs/data/predict-measured-4-*.json --out "
               "docs/data/predict-measured-4.json`)."]
