@@ -729,6 +729,11 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
         out_f = {r: float(outside_s[r]) for r in ranks_all}
         culprits = _with_stages(culprits, _stage_suspects(out_f, stages, stage_work, stage_ratio, wait_share,
                                                           0.0, nodes), stages, out_f)
-    culprits.extend(_links_not_explained(groups, culprits, nodes))
+    # Averages cannot split a call into wait and transfer, and a compute straggler's delay reaches the
+    # waits of every group downstream of it (all ranks synchronise), including groups it is not in: the
+    # demo's gc fault on one rank made the other pipeline's P2P group look slow. So with a compute
+    # suspect the averaged form names no link (a compute and a link fault at once shows the compute one).
+    if not any(c.kind == "compute" for c in culprits):
+        culprits.extend(_links_not_explained(groups, culprits, nodes))
     culprits.sort(key=lambda c: -c.confidence)
     return Analysis(culprits=culprits, groups=groups, ranks=stats)

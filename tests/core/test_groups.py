@@ -260,3 +260,22 @@ def test_aggregated_form_gives_the_same_verdicts(fault: dict[str, int], expect: 
         assert (top.kind, top.rank if top.kind == "compute" else top.node) == expect
         assert len([c for c in a.culprits if c.kind == expect[0]]) == 1
         assert all(c.stage is None for c in a.culprits)
+
+
+def test_averaged_form_does_not_blame_a_link_for_a_compute_stragglers_delay() -> None:
+    # Rank 3 is slow outside calls; the other pipeline's P2P group (ranks 0, 2) looks slow only because
+    # the whole job waits for rank 3. Averages cannot split wait from transfer, so no link is named.
+    from failslow.groups import analyse_aggregates
+
+    outside = {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.3}
+    groups = {"dp0": {0: 0.05, 1: 0.05}, "dp1": {2: 0.05, 3: 0.05},
+              "pp0": {0: 0.3, 2: 0.3}, "pp1": {1: 0.1, 3: 0.1}}
+    kinds = {"dp0": "dp:2", "dp1": "dp:2", "pp0": "pp:2", "pp1": "pp:2"}
+    stage = {0: 0, 1: 0, 2: 1, 3: 1}
+    a = analyse_aggregates(outside, groups, group_kind=kinds, node_of={r: 0 for r in outside},
+                           peers_of=lambda r: [p for p in outside if stage[p] == stage[r]])
+    assert [(c.kind, c.rank) for c in a.culprits] == [("compute", 3)]
+    # the same slow group without a compute straggler is a link suspect
+    b = analyse_aggregates({r: 0.1 for r in outside}, groups, group_kind=kinds, node_of={r: r // 2 for r in outside},
+                           peers_of=lambda r: [p for p in outside if stage[p] == stage[r]])
+    assert [c.kind for c in b.culprits] and all(c.kind == "link" for c in b.culprits)
