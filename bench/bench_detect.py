@@ -299,8 +299,7 @@ _CULPRIT_TRUTH = {"cpu": ("compute", "rank 3"), "link": ("link", "node 1"), "gc"
 
 def _culprit_table() -> str:
     """Every testbed fault kind injected for real, analysed by failslow.groups.analyse on the rings."""
-    from failslow.groups import Calls, Culprit, analyse, calls_from_records
-    from failslow.ring import RingReader, find_rings
+    from failslow.groups import Calls, Culprit, analyse, calls_from_ring_dir
     from failslow.topology import Layout
 
     def fmt(c: Culprit) -> str:
@@ -325,14 +324,7 @@ def _culprit_table() -> str:
                 return f"### Culprit analysis on the testbed\n\nNOT MEASURED: testbed run failed:\n\n```\n{p.stderr[-1500:]}\n```\n"
             rep = json.loads(report.read_text())
             lay = Layout(**{k: v for k, v in rep["layout"].items() if k in ("tp", "pp", "dp", "cp", "ranks_per_node")})
-            parts = []
-            for path in find_rings(rings):
-                r = RingReader(path)
-                try:
-                    parts.append(calls_from_records(r.read_new(), r.header.rank, r.header.clock_offset_ns))
-                finally:
-                    r.close()
-            calls = Calls.concat(parts)
+            calls = Calls.concat(calls_from_ring_dir(rings))
         dp = {tuple(sorted(g)) for g in lay.groups("dp")}
         for f in rep["faults"]:
             m = (calls.start >= f["start_unix_s"]) & (calls.end <= f["end_unix_s"])

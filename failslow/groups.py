@@ -45,6 +45,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from failslow.errors import InputError
+from failslow.ring import RingReader, find_rings
 
 #: Op codes (ring.Op) of point-to-point calls; everything else below 64 is a collective.
 SEND, RECV = 7, 8
@@ -169,6 +170,18 @@ class Instance:
         if self.group[0] == "p2p":
             return (0.0, la - self.start[1])
         return tuple(la - s for s in self.start)
+
+
+def calls_from_ring_dir(directory: Any) -> list[Calls]:
+    """Calls of every ring in ``directory`` (e.g. kept after a job with ``FAILSLOW_KEEP_RINGS=1``), one per ring."""
+    parts = []
+    for path in find_rings(directory):
+        r = RingReader(path)
+        try:
+            parts.append(calls_from_records(r.read_new(), r.header.rank, r.header.clock_offset_ns))
+        finally:
+            r.close()
+    return parts
 
 
 def match_instances(calls: Calls) -> list[Instance]:

@@ -18,8 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from failslow.detect import detect_series
-from failslow.groups import Analysis, Calls, analyse, calls_from_records
-from failslow.ring import RingReader, find_rings
+from failslow.groups import Analysis, Calls, analyse, calls_from_ring_dir
 from failslow.topology import Layout
 
 CPU_RANK = 3
@@ -56,13 +55,7 @@ def test_testbed_cpu_link_and_stage_faults(tmp_path: Path, failslow_cmd: list[st
     assert rep["namespaces"] and rep["link_faults_available"], "link faults need the per-node namespaces"
     lay = Layout(**{k: v for k, v in rep["layout"].items() if k in ("tp", "pp", "dp", "cp", "ranks_per_node")})
 
-    parts = []
-    for path in find_rings(rings):
-        r = RingReader(path)
-        try:
-            parts.append(calls_from_records(r.read_new(), r.header.rank, r.header.clock_offset_ns))
-        finally:
-            r.close()
+    parts = calls_from_ring_dir(rings)
     assert sorted(int(c.rank[0]) for c in parts if len(c)) == list(range(lay.world_size))
     calls = Calls.concat(parts)
 
