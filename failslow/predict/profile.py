@@ -61,6 +61,10 @@ class Profile:
             wait (optional). Under a CPU quota a step that starts after waiting for the network runs
             faster than one in a back-to-back sequence (the quota is full), and every step of a
             distributed job does; `after_idle` swaps these in.
+        net_step_forward_s, net_step_backward_s: the same for a parameter-server worker's compute phase
+            (load the received model, compute, flatten the gradient) right after a real whole-model
+            transfer (optional); `after_transfer` swaps these in. The transfer's receive work shares
+            the CPU quota, which an idle wait does not.
         share_sigma_down, share_sigma_up: how unevenly simultaneous flows share the server's link
             (σ of the random per-transfer weights of the simulation's ``tcp`` sharing, fitted from a
             fan-out / fan-in microbenchmark); None when not measured.
@@ -80,6 +84,8 @@ class Profile:
     step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     idle_step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     idle_step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    net_step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    net_step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     share_sigma_down: float | None = None
     share_sigma_up: float | None = None
     overlap: bool = False
@@ -140,12 +146,23 @@ class Profile:
         """
         if not self.idle_step_forward_s.size:
             return self
-        fm = np.median(self.idle_step_forward_s, axis=0)
-        bm = np.median(self.idle_step_backward_s, axis=0)
+        return self._with_steps(self.idle_step_forward_s, self.idle_step_backward_s)
+
+    def after_transfer(self) -> Profile:
+        """The profile of a parameter-server worker's steps, each right after receiving the model.
+
+        Uses the after-transfer samples when the profile has them, else `after_idle`.
+        """
+        if not self.net_step_forward_s.size:
+            return self.after_idle()
+        return self._with_steps(self.net_step_forward_s, self.net_step_backward_s)
+
+    def _with_steps(self, fwd: FloatArray, bwd: FloatArray) -> Profile:
+        fm = np.median(fwd, axis=0)
+        bm = np.median(bwd, axis=0)
         layers = tuple(replace(ly, forward_s=float(f), backward_s=float(b))
                        for ly, f, b in zip(self.layers, fm, bm, strict=True))
-        return replace(self, layers=layers, step_forward_s=self.idle_step_forward_s,
-                       step_backward_s=self.idle_step_backward_s)
+        return replace(self, layers=layers, step_forward_s=fwd, step_backward_s=bwd)
 
     def step_samples(self) -> tuple[FloatArray, FloatArray]:
         """Per-step forward/backward samples; the means as a single step when none were recorded."""
@@ -288,6 +305,13 @@ def parse_profile(doc: Any) -> Profile:
         idle_b = _matrix(steps.get("idle_backward_s"), n, "steps.idle_backward_s")
         if idle_f.shape != idle_b.shape:
             raise InputError("profile: steps.idle_forward_s and steps.idle_backward_s differ in shape")
+    net_f = np.zeros((0, 0))
+    net_b = np.zeros((0, 0))
+    if isinstance(steps, dict) and ("net_forward_s" in steps or "net_backward_s" in steps):
+        net_f = _matrix(steps.get("net_forward_s"), n, "steps.net_forward_s")
+        net_b = _matrix(steps.get("net_backward_s"), n, "steps.net_backward_s")
+        if net_f.shape != net_b.shape:
+            raise InputError("profile: steps.net_forward_s and steps.net_backward_s differ in shape")
     overlap = doc.get("overlap", False)
     if not isinstance(overlap, bool):
         raise InputError("profile: 'overlap' must be true or false")
@@ -295,6 +319,7 @@ def parse_profile(doc: Any) -> Profile:
     return Profile(layers=tuple(layers), batch_size=bs, bandwidth_bytes_per_s=bw, link_efficiency=eff,
                    latency_s=lat, ring_efficiency=ring_eff, ring_latency_s=ring_lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
                    step_backward_s=sb, idle_step_forward_s=idle_f, idle_step_backward_s=idle_b,
+                   net_step_forward_s=net_f, net_step_backward_s=net_b,
                    share_sigma_down=sig_down, share_sigma_up=sig_up, overlap=overlap, meta=meta if isinstance(meta, dict) else {})
 
 
@@ -337,4 +362,7 @@ def profile_to_doc(p: Profile) -> dict[str, Any]:
     if p.idle_step_forward_s.size:
         doc.setdefault("steps", {}).update(idle_forward_s=p.idle_step_forward_s.tolist(),
                                            idle_backward_s=p.idle_step_backward_s.tolist())
+    if p.net_step_forward_s.size:
+        doc.setdefault("steps", {}).update(net_forward_s=p.net_step_forward_s.tolist(),
+                                           net_backward_s=p.net_step_backward_s.tolist())
     return doc

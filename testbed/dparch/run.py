@@ -291,8 +291,11 @@ def fit_link(calibration: dict[str, list[float]], nominal: float) -> dict[str, A
 def lite_steps(job: dict[str, Any]) -> dict[str, Any]:
     """The step samples of a ``profile-lite`` run (no link calibration): per-step, per-layer times."""
     r = job["ranks"]["0"]
-    return {"forward_s": r["forward_s"], "backward_s": r["backward_s"], "idle_forward_s": r["idle_forward_s"],
-            "idle_backward_s": r["idle_backward_s"], "update_s": statistics.median(r["update_s"]),
+    upd = statistics.median(r["update_s"])
+    fwd, bwd = whole_steps(r["forward_s"], r["backward_s"], r.get("step_wall_s"), upd)
+    ifwd, ibwd = whole_steps(r["idle_forward_s"], r["idle_backward_s"], r.get("idle_step_wall_s"), upd)
+    return {"forward_s": fwd, "backward_s": bwd, "idle_forward_s": ifwd,
+            "idle_backward_s": ibwd, "update_s": upd,
             "compute_cpu_s": statistics.median(r["compute_cpu_s"])}
 
 
@@ -314,11 +317,48 @@ def local_profile(base: dict[str, Any], steps: list[dict[str, Any]]) -> dict[str
     return out
 
 
+def whole_steps(fwd: list[list[float]], bwd: list[list[float]], walls: list[float] | None,
+                minus: float = 0.0) -> tuple[list[list[float]], list[list[float]]]:
+    """Per-layer step samples scaled so that each step adds up to its measured wall time.
+
+    Under the CPU quota a throttle stall (8 ms of a 10 ms period) lands wherever the tick finds the
+    process: inside a timed layer, but also between layers, in the gradient flattening or the update,
+    whose *median* time (`update_s`) leaves stalls out. The per-layer sums missed 14 ms of an 87 ms
+    step that way (whole-step wall time of the same loop, testbed). Scaling each step's layers by
+    ``(wall − minus) / sum`` keeps their proportions and puts every stall of the step into it, so
+    that samples + ``minus`` (the update, added by the models) is the step as it really ran.
+    Without wall times (older runs) the samples unchanged.
+    """
+    if not walls:
+        return fwd, bwd
+    if len(walls) != len(fwd):
+        raise RunError("profile: step wall times and per-layer samples differ in length")
+    out_f: list[list[float]] = []
+    out_b: list[list[float]] = []
+    for fr, br, w in zip(fwd, bwd, walls, strict=True):
+        total = sum(fr) + sum(br)
+        c = (w - minus) / total if total > 0 and w - minus > 0 else 1.0
+        out_f.append([x * c for x in fr])
+        out_b.append([x * c for x in br])
+    return out_f, out_b
+
+
 def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
     """The single-worker profile (format failslow-dp-profile/1) from a finished ``profile`` run."""
     spec = job["spec"]
     r = job["ranks"]["0"]
-    fwd, bwd = r["forward_s"], r["backward_s"]
+    upd = statistics.median(r["update_s"])
+    raw_total = statistics.fmean(sum(a) + sum(b) for a, b in zip(r["forward_s"], r["backward_s"], strict=True))
+    fwd, bwd = whole_steps(r["forward_s"], r["backward_s"], r.get("step_wall_s"), upd)
+    steps: dict[str, Any] = {"forward_s": fwd, "backward_s": bwd}
+    if r.get("idle_forward_s"):
+        steps["idle_forward_s"], steps["idle_backward_s"] = whole_steps(
+            r["idle_forward_s"], r["idle_backward_s"], r.get("idle_step_wall_s"), upd)
+    if r.get("net_forward_s"):
+        # A worker's compute phase after a transfer (load, compute, flatten); the PS models add
+        # `update_s` to a worker's compute for the packing/unpacking, so it comes off here too.
+        steps["net_forward_s"], steps["net_backward_s"] = whole_steps(
+            r["net_forward_s"], r["net_backward_s"], r.get("net_step_wall_s"), upd)
     n = len(r["param_bytes"])
     # Per-layer medians: a step caught by a neighbour's burst (or a whole-period throttle stall landing
     # in one layer) must not move the profile; the step samples keep the spread for the simulation.
@@ -331,10 +371,8 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
         "format": FORMAT,
         "batch_size": spec["batch_size"],
         "layers": layers,
-        "steps": {"forward_s": fwd, "backward_s": bwd,
-                  **({"idle_forward_s": r["idle_forward_s"], "idle_backward_s": r["idle_backward_s"]}
-                     if r.get("idle_forward_s") else {})},
-        "update_s": statistics.median(r["update_s"]),
+        "steps": steps,
+        "update_s": upd,
         "accumulate_s": statistics.median(r["accumulate_s"]),
         "link": {**{k: link[k] for k in ("bandwidth_bytes_per_s", "efficiency", "latency_s")},
                  "allreduce": {"efficiency": ring["efficiency"], "latency_s": ring["latency_s"]}},
@@ -344,5 +382,6 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
                  "model": {"width": spec["width"], "depth": spec["depth"], "classes": spec["classes"]},
                  "calibration": link, "allreduce_calibration": ring,
                  "step_total_s": statistics.fmean(sum(a) + sum(b) for a, b in zip(fwd, bwd, strict=True)),
+                 "step_layer_sum_s": raw_total,
                  "compute_cpu_s": statistics.median(r["compute_cpu_s"]) if r.get("compute_cpu_s") else None},
     }

@@ -150,12 +150,15 @@ def run_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
     ends: list[float] = []
     phases: list[tuple[float, float, float]] = []  # compute, all-reduce, update (diagnostics)
     cpu: list[float] = []  # CPU time of the compute phase: separates slower work from a late quota
+    pcpu: list[float] = []  # the same for the whole process (gloo's threads share the quota)
     for _ in range(c.total):
         t0 = time.perf_counter()
         c0 = time.thread_time()
+        p0 = time.process_time()
         tr.forward_backward()
         flat = tr.gather_grad()
         cpu.append(time.thread_time() - c0)
+        pcpu.append(time.process_time() - p0)
         t1 = time.perf_counter()
         if world > 1:
             dist.all_reduce(flat, group=c.group)
@@ -163,7 +166,7 @@ def run_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
         tr.apply_flat_grad(flat, 1.0 / world)
         ends.append(time.perf_counter())
         phases.append((t1 - t0, t2 - t1, ends[-1] - t2))
-    return {"step_end_s": ends, "phases_s": phases, "compute_cpu_s": cpu}
+    return {"step_end_s": ends, "phases_s": phases, "compute_cpu_s": cpu, "compute_proc_cpu_s": pcpu}
 
 
 def _ps_worker(c: Ctx, tr: Trainer) -> dict[str, Any]:
@@ -240,7 +243,12 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
         acc: list[float] = []
         other = torch.zeros(tr.numel)
         cpu: list[float] = []
+        # Whole step (forward, backward, flattening, update), wall clock: under the CPU quota a throttle
+        # stall lands wherever the tick finds the process, also between the timed layers and in the
+        # update whose *median* time leaves it out, so the per-layer sums alone miss ~15 % of a step.
+        walls: list[float] = []
         for i in range(c.total):
+            w0 = time.perf_counter()
             c0 = time.thread_time()
             f, b = tr.forward_backward(timing=True)
             c1 = time.thread_time() - c0
@@ -256,22 +264,53 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
                 upd.append(t1 - t0)
                 acc.append(t2 - t1)
                 cpu.append(c1)
+                walls.append(t1 - w0)
         # The same steps after 30 ms of idle each (3 CFS periods), as every step of a distributed run
         # starts after waiting for the network: the quota is full then, so such a step is faster than
         # one of a back-to-back sequence (steady throttling), by ~10 % at our cap (docs/predict.md).
         idle_f: list[list[float]] = []
         idle_b: list[list[float]] = []
+        idle_w: list[float] = []
         for i in range(c.total):
             time.sleep(0.03)
+            w0 = time.perf_counter()
             f, b = tr.forward_backward(timing=True)
             flat = tr.gather_grad()
             tr.apply_flat_grad(flat, 1.0)
             if i >= c.warmup:
                 idle_f.append(f)
                 idle_b.append(b)
-        out.update(idle_forward_s=idle_f, idle_backward_s=idle_b)
-        out.update(compute_cpu_s=cpu, forward_s=fwds, backward_s=bwds, update_s=upd, accumulate_s=acc, param_bytes=tr.param_bytes(),
+                idle_w.append(time.perf_counter() - w0)
+        # Steps as a parameter-server worker runs them: wait for the whole model from the peer, load
+        # it, compute, flatten the gradient (timed: the worker's compute phase), send it back. The
+        # receive runs gloo's threads and copies under the same CPU quota, which a sleep does not.
+        net_f: list[list[float]] = []
+        net_b: list[list[float]] = []
+        net_w: list[float] = []
+        for i in range(c.total):
+            dist.recv(tr.flat_param, src=peer, group=c.group)
+            w0 = time.perf_counter()
+            tr.load_params(tr.flat_param)
+            f, b = tr.forward_backward(timing=True)
+            flat = tr.gather_grad()
+            w1 = time.perf_counter()
+            dist.send(flat, dst=peer, group=c.group)
+            if i >= c.warmup:
+                net_f.append(f)
+                net_b.append(b)
+                net_w.append(w1 - w0)
+        out.update(idle_forward_s=idle_f, idle_backward_s=idle_b, idle_step_wall_s=idle_w,
+                   net_forward_s=net_f, net_backward_s=net_b, net_step_wall_s=net_w)
+        out.update(step_wall_s=walls, compute_cpu_s=cpu, forward_s=fwds, backward_s=bwds, update_s=upd,
+                   accumulate_s=acc, param_bytes=tr.param_bytes(),
                    names=[type(b).__name__ if not isinstance(b, nn.Sequential) else "Linear+ReLU" for b in tr.model])
+    elif c.rank == peer:
+        # The server side of the parameter-server steps above.
+        params = torch.cat([p.detach().reshape(-1) for p in tr.params])
+        grad = torch.zeros(tr.numel)
+        for _ in range(c.total):
+            dist.send(params, dst=me, group=c.group)
+            dist.recv(grad, src=me, group=c.group)
     dist.barrier(group=c.group)
     if not c.calibrate:
         return out

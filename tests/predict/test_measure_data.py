@@ -8,6 +8,7 @@ import pytest
 from failslow.predict import parse_profile, predict
 from failslow.predict.profile import profile_to_doc
 from testbed.dparch.measure import _net_ps, _net_ring, combine, merge_profiles, ring_net_fit
+from testbed.dparch.run import RunError, profile_doc, whole_steps
 from tests.predict.conftest import make_profile
 
 
@@ -94,3 +95,56 @@ def test_ring_microbenchmark_takes_out_entry_skew_and_fits_one_hop() -> None:
     assert fit["efficiency"] == pytest.approx(0.8)
     assert fit["latency_s"] == pytest.approx(alpha)
     assert ring_net_fit({"2": table["2"]}, 25e6) is None
+
+
+def test_whole_steps_put_every_stall_of_a_step_into_its_layers() -> None:
+    fwd = [[0.01, 0.02], [0.01, 0.01]]
+    bwd = [[0.02, 0.05], [0.02, 0.02]]
+    # Step walls 0.12 and 0.07 s with a 0.01 s update: the layers must add up to 0.11 and 0.06.
+    f, b = whole_steps(fwd, bwd, [0.12, 0.07], 0.01)
+    assert sum(f[0]) + sum(b[0]) == pytest.approx(0.11)
+    assert sum(f[1]) + sum(b[1]) == pytest.approx(0.06)
+    assert f[0][1] / b[0][1] == pytest.approx(0.02 / 0.05)  # proportions kept
+    assert whole_steps(fwd, bwd, None) == (fwd, bwd)  # older runs: unchanged
+    with pytest.raises(RunError, match="differ in length"):
+        whole_steps(fwd, bwd, [0.1])
+
+
+def _raw_profile_job(walls: float) -> dict:
+    """A finished ``profile`` job as the trainer writes it (two layers, three steps per phase)."""
+    f = [[0.01, 0.02]] * 3
+    b = [[0.03, 0.02]] * 3
+    raw = {"forward_s": f, "backward_s": b, "step_wall_s": [walls] * 3, "update_s": [0.002] * 3,
+           "accumulate_s": [0.0005] * 3, "compute_cpu_s": [0.01] * 3, "param_bytes": [4000, 40],
+           "names": ["Linear+ReLU", "Linear"],
+           "idle_forward_s": f, "idle_backward_s": b, "idle_step_wall_s": [walls * 0.9] * 3,
+           "net_forward_s": f, "net_backward_s": b, "net_step_wall_s": [walls * 1.1] * 3,
+           "calibration": {"4": [0.001] * 3, "400": [0.002] * 3, "4000": [0.004] * 3},
+           "allreduce_calibration": {"400": [0.002] * 3, "4000": [0.005] * 3}}
+    spec = {"rate": "200mbit", "batch_size": 512, "cpu_cap": 0.156, "cpu_period_us": 10000, "width": 256,
+            "depth": 5, "classes": 10}
+    return {"spec": spec, "ranks": {"0": raw}}
+
+
+def test_profile_doc_steps_add_up_to_the_measured_steps_and_ps_workers_use_after_transfer_ones() -> None:
+    doc = profile_doc(_raw_profile_job(0.1))
+    p = parse_profile(doc)
+    upd = 0.002
+    # Back to back: samples + update = the loop's measured step.
+    np.testing.assert_allclose(p.step_forward_s.sum(axis=1) + p.step_backward_s.sum(axis=1) + upd, 0.1)
+    np.testing.assert_allclose(p.after_idle().step_forward_s.sum(axis=1)
+                               + p.after_idle().step_backward_s.sum(axis=1) + upd, 0.09)
+    t = p.after_transfer()
+    np.testing.assert_allclose(t.step_forward_s.sum(axis=1) + t.step_backward_s.sum(axis=1) + upd, 0.11)
+    assert doc["meta"]["step_layer_sum_s"] == pytest.approx(0.08)
+    # Round trip keeps the after-transfer samples; merging keeps them too.
+    q = parse_profile(profile_to_doc(p))
+    np.testing.assert_allclose(q.net_step_forward_s, p.net_step_forward_s)
+    merged = parse_profile(merge_profiles([doc, profile_doc(_raw_profile_job(0.1))]))
+    assert merged.net_step_forward_s.shape == (6, 2)
+    # A lone ring worker runs back to back, the ring's K > 1 after idle, a PS worker after a transfer.
+    ring = predict(p, [1, 2], arch="ring", model="coarse").throughput
+    assert ring[1] == pytest.approx(512 / 0.1, rel=1e-9)
+    ps1 = predict(p, [1], arch="ps-sync", model="coarse").throughput[1]
+    idle_only = parse_profile({**doc, "steps": {k: v for k, v in doc["steps"].items() if not k.startswith("net")}})
+    assert ps1 < predict(idle_only, [1], arch="ps-sync", model="coarse").throughput[1]

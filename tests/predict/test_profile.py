@@ -90,3 +90,19 @@ def test_after_idle_samples_round_trip_and_replace_the_steps() -> None:
     doc["steps"]["idle_backward_s"] = [[1.0]]
     with pytest.raises(InputError, match="idle_backward_s"):
         parse_profile(doc)
+
+
+def test_after_transfer_samples_parse_and_fall_back_to_after_idle() -> None:
+    d = _doc()
+    rows = d["steps"]["forward_s"]
+    d["steps"]["idle_forward_s"] = [[x * 0.5 for x in r] for r in rows]
+    d["steps"]["idle_backward_s"] = d["steps"]["backward_s"]
+    p = parse_profile(d)
+    assert p.after_transfer().forward_s.sum() == pytest.approx(p.after_idle().forward_s.sum())
+    d["steps"]["net_forward_s"] = [[x * 2 for x in r] for r in rows]
+    d["steps"]["net_backward_s"] = d["steps"]["backward_s"]
+    q = parse_profile(d)
+    assert q.after_transfer().forward_s.sum() == pytest.approx(2 * np.median(np.array(rows), axis=0).sum())
+    d["steps"]["net_backward_s"] = d["steps"]["backward_s"][:3]
+    with pytest.raises(InputError, match=r"net_forward_s and steps\.net_backward_s differ"):
+        parse_profile(d)
