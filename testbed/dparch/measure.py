@@ -137,9 +137,12 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
             specs.append(prof)
     t = time.monotonic()
     doc["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    cpu0 = _proc_stat()
     jobs = run_pool(specs)
+    doc["host"] = _host_share(cpu0, _proc_stat())
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    log(f"{len(specs)} runs in {time.monotonic() - t:.0f}s")
+    log(f"{len(specs)} runs in {time.monotonic() - t:.0f}s; host during the sweep: "
+        + ", ".join(f"{k} {v:.1%}" for k, v in doc["host"].items()))
     samples: dict[tuple[str, int], list[float]] = {}
     details: dict[tuple[str, int], list[dict[str, Any]]] = {}
     around: dict[tuple[str, int], list[list[int]]] = {}
@@ -182,6 +185,24 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
     if save:
         save(doc)
     return doc
+
+
+def _proc_stat() -> list[int]:
+    """The machine's cumulative CPU ticks (user, nice, system, idle, iowait, irq, softirq, steal)."""
+    with open("/proc/stat") as f:
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+def _host_share(before: list[int], after: list[int]) -> dict[str, float]:
+    """What the machine's CPUs did between two `_proc_stat` readings: busy, idle and stolen shares.
+
+    Recorded with every sweep so that its spread can be read against the hypervisor's steal and the
+    load it ran under (our own capped processes are at most 1.4 of the 2 CPUs, i.e. 70 % busy).
+    """
+    d = [b - a for a, b in zip(before, after, strict=True)]
+    total = sum(d) or 1
+    idle = d[3] + d[4]
+    return {"busy": (total - idle - d[7]) / total, "idle": idle / total, "steal": d[7] / total}
 
 
 def _net_ring(job: dict[str, Any]) -> dict[str, Any]:
@@ -289,7 +310,7 @@ def combine(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         for kind, table in d.get("net", {}).items():
             out["net"].setdefault(kind, {}).update(table)
         out["parts"].append({"archs": archs, "profiles": d["profiles"], "started": d.get("started"),
-                             "finished": d.get("finished")})
+                             "finished": d.get("finished"), **({"host": d["host"]} if "host" in d else {})})
     # The link-sharing σ is a property of the network (the same tbf links in every hold): a hold that
     # did not run the fan-out/fan-in microbenchmark borrows it from one that did.
     shared = next((d["profile"]["link"]["sharing"] for d in docs if "sharing" in d["profile"]["link"]), None)

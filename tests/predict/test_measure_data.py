@@ -7,7 +7,15 @@ import pytest
 
 from failslow.predict import parse_profile, predict
 from failslow.predict.profile import profile_to_doc
-from testbed.dparch.measure import _net_ps, _net_ring, combine, merge_profiles, ring_net_fit
+from testbed.dparch.measure import (
+    _host_share,
+    _net_ps,
+    _net_ring,
+    _proc_stat,
+    combine,
+    merge_profiles,
+    ring_net_fit,
+)
 from testbed.dparch.run import RunError, profile_doc, whole_steps
 from tests.predict.conftest import make_profile
 
@@ -148,3 +156,11 @@ def test_profile_doc_steps_add_up_to_the_measured_steps_and_ps_workers_use_after
     ps1 = predict(p, [1], arch="ps-sync", model="coarse").throughput[1]
     idle_only = parse_profile({**doc, "steps": {k: v for k, v in doc["steps"].items() if not k.startswith("net")}})
     assert ps1 < predict(idle_only, [1], arch="ps-sync", model="coarse").throughput[1]
+
+
+def test_host_share_reads_busy_idle_and_steal() -> None:
+    before = [100, 0, 50, 800, 50, 0, 0, 0]
+    after = [300, 0, 100, 1400, 50, 0, 0, 150]  # +250 busy, +600 idle, +150 steal of 1000
+    assert _host_share(before, after) == pytest.approx({"busy": 0.25, "idle": 0.6, "steal": 0.15})
+    now = _proc_stat()
+    assert len(now) == 8 and all(x >= 0 for x in now)
