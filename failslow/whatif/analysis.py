@@ -320,9 +320,11 @@ def analyze(trace: Trace, *, job: str | None = None, max_sim_error: float = MAX_
     # S_fix_top: the same workers made as fast as the *others* are - their ideal taken from the
     # operations outside their scope. With few workers a straggler is a large share of the
     # samples (half of a DP2 stage's collectives), and an ideal that includes it would keep part
-    # of its slowness in the "fixed" timeline.
-    m_fix = replace(m, ideal=idealise(m.work, m.ideal_key, m.optype, m.simulated, m.compute, exclude=sel),
-                    ideal_delay=idealise(m.delay, m.delay_key, m.optype, m.simulated, "median", exclude=sel))
+    # of its slowness in the "fixed" timeline. The others' *mean* (whatever --ideal says): their
+    # samples hold no straggler to be robust against, and the median of right-skewed durations
+    # (contention spikes that would hit the fixed workers too) is below what they cost on average.
+    m_fix = replace(m, ideal=idealise(m.work, m.ideal_key, m.optype, m.simulated, "mean", exclude=sel),
+                    ideal_delay=idealise(m.delay, m.delay_key, m.optype, m.simulated, "mean", exclude=sel))
     keep_fix = (~sel)[None]
     if continuous:
         t4 = np.diff(simulate_continuous(m_fix, FullLanes(m_fix, keep_fix), 1, FullLanes(m_fix, keep_fix, delays=True),

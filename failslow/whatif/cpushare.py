@@ -128,16 +128,17 @@ def fix_scenario(m: Model, offset: FloatArray, cores: float, sel: BoolArray, own
     While a straggler's op ran it used only the CPU a healthy op needs, not its full share: it
     counts as ideal demand / the demand it shows as a full competitor (at most 1; a capped rank
     well below 1, an uncapped one about 1), its peers' demands are re-read with that weight,
-    which in turn refines the ideal. Returns the demand model with `ideal`/`ideal_delay` from the
-    operations outside `sel`; simulate it with keep = ~sel.
+    which in turn refines the ideal. Returns the demand model with `ideal`/`ideal_delay` the mean
+    of the operations outside `sel` (median transfer for communication), as in the dedicated
+    model's S_fix_top; simulate it with keep = ~sel.
     """
     dm = dm0 = demand_model(m, offset, cores)
     # an op's share of the CPU it would get as a full competitor: its demand read as one
     dur = np.maximum(dm0.work, 1e-12)
     gap = np.maximum(dm0.delay, 1e-12)
     for _ in range(passes + 1):
-        ideal = idealise(dm.work, dm.ideal_key, dm.optype, dm.simulated, dm.compute, exclude=sel)
-        ideal_delay = idealise(dm.delay, dm.delay_key, dm.optype, dm.simulated, "median", exclude=sel)
+        ideal = idealise(dm.work, dm.ideal_key, dm.optype, dm.simulated, "mean", exclude=sel)
+        ideal_delay = idealise(dm.delay, dm.delay_key, dm.optype, dm.simulated, "mean", exclude=sel)
         dm = replace(dm, ideal=ideal, ideal_delay=ideal_delay)
         if _ == passes:
             break
