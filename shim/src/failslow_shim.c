@@ -24,6 +24,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/membarrier.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -694,6 +696,8 @@ static void copy_str(char *dst, size_t n, const char *src) {
 
 static void at_exit_cleanup(void);
 
+static void single_writer_setup(void);
+
 static struct failslow_ring_header *create_ring(void) {
     const char *dir = getenv("FAILSLOW_SHM_DIR");
     if (!dir || !*dir) dir = "/dev/shm";
@@ -769,6 +773,7 @@ static struct failslow_ring_header *create_ring(void) {
     gethostname(host, sizeof host - 1);
     copy_str(h->hostname, sizeof h->hostname, host);
     clk_init(); /* the tick counter's calibration (~1 ms, once per process) before any record is written */
+    single_writer_setup();
     load_cuda();
     h->features = (g_cuda.ok ? FAILSLOW_FEAT_CUDA : 0u);
     h->clock_source = __atomic_load_n(&g_clk_mode, __ATOMIC_RELAXED) == CLK_TSC ? FAILSLOW_CLOCK_TSC
@@ -908,12 +913,120 @@ typedef uint64_t __attribute__((may_alias)) u64_alias;
 #endif
 #define PACK32(lo, hi) ((uint64_t)(uint32_t)(lo) | ((uint64_t)(uint32_t)(hi) << 32))
 
-/* Every record claims its slot with the fetch-add protocol of failslow_ring.h (two atomics). A single-writer
- * fast path (a plain load and store of write_index while one thread writes) was tried and removed: a second
- * thread that starts writing while the owner sits between that load and store makes write_index go back
- * and a burst of records be lost uncounted (seen in the many-threads test under load). */
+/* ------------------------------------------------------------------------------------------------ */
+/* claiming a slot: one writer thread without atomics, any number of threads with the ring protocol   */
+/*
+ * The ring protocol of failslow_ring.h takes two atomic read-modify-writes per record (the fetch-add on
+ * write_index and the slot's CAS), ~8-10 ns each on this kind of VM: a fifth of the shim's cost. A training
+ * process almost always calls NCCL from one thread, so the first thread that claims a call record OWNS the ring
+ * and claims with plain loads and stores (nobody else writes, so nothing can race). The moment any other
+ * thread wants to write, the process hands over to the ring protocol for good, and the handover is exact:
+ *
+ *   owner (every claim):  busy = 1; load contended; if 0: plain claim; busy = 0
+ *   newcomer (once):      contended = 1; membarrier(PRIVATE_EXPEDITED); wait until busy == 0; done = 1
+ *
+ * An asymmetric Dekker handshake: membarrier puts a full barrier into the owner's instruction stream, so
+ * either the owner's busy = 1 is visible to the newcomer (who waits for the plain claim to finish) or the
+ * owner's load of contended comes after the barrier and sees 1 (and takes the fetch-add). So write_index
+ * never goes back and no sequence number is handed out twice — the flaw of a first single-writer path that
+ * had no handshake and lost records on a handover. Where membarrier cannot be registered (old kernel,
+ * seccomp) or FAILSLOW_SINGLE_WRITER=0, every claim takes the ring protocol. Slot stamps written by the
+ * owner are plain stores: a later CAS writer that wraps onto a slot the owner is still filling sees its
+ * BUSY stamp (the owner stored it inside its busy window) and drops, as with two CAS writers.
+ */
+static uint32_t g_owner_tid;     /* the thread that owns the ring; 0 = none (yet, or never) */
+static int g_owner_busy;         /* the owner is inside a plain claim (written by the owner only) */
+static int g_contended;          /* a second thread writes: every claim takes the ring protocol */
+static int g_handover_done;      /* the owner is out of its last plain claim: fetch-adds are safe */
+static int g_single_ok;          /* membarrier registered for this process and the fast path allowed */
+static pthread_mutex_t g_handover_lock = PTHREAD_MUTEX_INITIALIZER;
+static uint64_t g_handovers;     /* for the tests: handovers that had to wait for the owner */
+
+/* At ring creation: may this process use the owner's plain claim? */
+static void single_writer_setup(void) {
+    const char *env = getenv("FAILSLOW_SINGLE_WRITER");
+    int ok = !(env && strcmp(env, "0") == 0);
+    if (ok) {
+        long q = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+        ok = q > 0 && (q & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+             syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0;
+        if (!ok) dbg("%s", "failslow shim: membarrier unavailable; every record claims with atomics\n");
+    }
+    __atomic_store_n(&g_single_ok, ok, __ATOMIC_RELEASE);
+}
+
+/* The owner's claim: the ring protocol without its atomics (only this thread writes). */
+static inline struct failslow_record *claim_owner(struct failslow_ring_header *h, uint64_t *seq) {
+    uint64_t s = __atomic_load_n(&h->write_index, __ATOMIC_RELAXED) + 1;
+    __atomic_store_n(&h->write_index, s, __ATOMIC_RELAXED);
+    struct failslow_record *r = failslow_ring_records(h) + ((s - 1) & (uint64_t)(h->capacity - 1));
+    uint64_t old = __atomic_load_n(&r->seq, __ATOMIC_RELAXED);
+    if (UNLIKELY((old & FAILSLOW_STAMP_BUSY) || old >= s)) { /* still pending its GPU times */
+        __atomic_add_fetch(&h->dropped, 1, __ATOMIC_RELAXED);
+        return NULL;
+    }
+    __atomic_store_n(&r->seq, s | FAILSLOW_STAMP_BUSY, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE); /* the BUSY stamp before any payload store */
+    if (old != 0 && s > h->capacity) __atomic_store_n(&h->overwritten, s - h->capacity, __ATOMIC_RELAXED);
+    *seq = s;
+    return r;
+}
+
+/* Slow path of claim() until the handover is done. The first thread that claims a CALL record becomes the
+ * owner (control events — init, split, destroy — may come from a helper thread; they are claimed with the
+ * ring protocol under the handover lock while there is no owner, so they cannot race the owner's first plain
+ * claim). Any claim by another thread once there is an owner ends the plain claims for good, waiting (at
+ * most once per process) until the owner is out of the one it may be in. */
+static __attribute__((noinline, cold)) struct failslow_record *claim_slow(struct failslow_ring_header *h,
+                                                                          uint64_t *seq, int is_call) {
+    int saved = errno;
+    uint32_t me = my_tid();
+    struct failslow_record *r = NULL;
+    int done = 0;
+    pthread_mutex_lock(&g_handover_lock);
+    if (!__atomic_load_n(&g_handover_done, __ATOMIC_ACQUIRE)) {
+        uint32_t own = __atomic_load_n(&g_owner_tid, __ATOMIC_RELAXED);
+        if (own == 0 && __atomic_load_n(&g_single_ok, __ATOMIC_ACQUIRE) &&
+            !__atomic_load_n(&g_contended, __ATOMIC_RELAXED)) {
+            if (is_call) __atomic_store_n(&g_owner_tid, me, __ATOMIC_RELEASE); /* its next claims are plain */
+            r = failslow_ring_claim(h, seq);                                    /* under the lock: no race */
+            done = 1;
+        } else if (own != me || __atomic_load_n(&g_contended, __ATOMIC_RELAXED)) {
+            __atomic_store_n(&g_contended, 1, __ATOMIC_SEQ_CST);
+            if (own != 0 && own != me) {
+                if (syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) != 0) {
+                    /* registered at ring creation, so this cannot fail; if it did, a plain claim might
+                     * still be in flight unseen: the safest left is to give the owner time to finish it */
+                    for (int i = 0; i < 1000; i++) sched_yield();
+                }
+                int waited = 0;
+                while (__atomic_load_n(&g_owner_busy, __ATOMIC_ACQUIRE)) {
+                    waited = 1;
+                    sched_yield();
+                }
+                if (waited) __atomic_add_fetch(&g_handovers, 1, __ATOMIC_RELAXED);
+            }
+            __atomic_store_n(&g_handover_done, 1, __ATOMIC_RELEASE);
+        }
+    }
+    pthread_mutex_unlock(&g_handover_lock);
+    errno = saved;
+    return done ? r : failslow_ring_claim(h, seq);
+}
+
 static inline struct failslow_record *claim(struct failslow_ring_header *h, uint64_t *seq, int is_call) {
-    (void)is_call;
+    if (LIKELY(__atomic_load_n(&g_owner_tid, __ATOMIC_RELAXED) == my_tid())) {
+        __atomic_store_n(&g_owner_busy, 1, __ATOMIC_RELAXED);
+        __atomic_signal_fence(__ATOMIC_SEQ_CST); /* the compiler keeps the store before the load; the CPU
+                                                    is kept in order by the newcomer's membarrier */
+        if (LIKELY(!__atomic_load_n(&g_contended, __ATOMIC_RELAXED))) {
+            struct failslow_record *r = claim_owner(h, seq);
+            __atomic_store_n(&g_owner_busy, 0, __ATOMIC_RELEASE);
+            return r;
+        }
+        __atomic_store_n(&g_owner_busy, 0, __ATOMIC_RELEASE);
+    }
+    if (UNLIKELY(!__atomic_load_n(&g_handover_done, __ATOMIC_ACQUIRE))) return claim_slow(h, seq, is_call);
     return failslow_ring_claim(h, seq);
 }
 
@@ -1309,6 +1422,13 @@ static void after_fork_child(void) {
     /* threads do not survive fork: no resolver, and no CUDA use in the child without a new pool */
     g_resolver_running = 0;
     g_clk_lock = 0; /* a thread that held it is gone; the calibration itself is inherited (same counter) */
+    /* one thread, a new ring: whoever claims first owns it (membarrier is registered again with the ring) */
+    g_owner_tid = 0;
+    g_owner_busy = 0;
+    g_contended = 0;
+    g_handover_done = 0;
+    g_single_ok = 0;
+    pthread_mutex_init(&g_handover_lock, NULL);
     t_comm_key = NULL;
     t_comm_entry = NULL;
     g_pool_ready = 0;
@@ -1354,6 +1474,17 @@ EXPORT const char *failslow_shim_clock_source(void) {
 
 /* For tests and tools: out[0..7] = mode (1 monotonic, 2 tsc), mult (ns per tick << 32), piece length in
  * ticks, re-anchors, rate updates, faults, largest |error| of an ending piece (ns), widest anchor read (ns). */
+/* For tests: the claim state, {owner tid, single-writer allowed, contended, handover done, handovers that
+ * found the owner inside a plain claim and waited for it}. Returns how many values were written. */
+EXPORT int failslow_shim_claim_stats(int64_t *out, int n) {
+    int64_t v[5] = {__atomic_load_n(&g_owner_tid, __ATOMIC_ACQUIRE), __atomic_load_n(&g_single_ok, __ATOMIC_ACQUIRE),
+                    __atomic_load_n(&g_contended, __ATOMIC_ACQUIRE), __atomic_load_n(&g_handover_done, __ATOMIC_ACQUIRE),
+                    (int64_t)__atomic_load_n(&g_handovers, __ATOMIC_RELAXED)};
+    int k = n < 5 ? n : 5;
+    for (int i = 0; i < k; i++) out[i] = v[i];
+    return k;
+}
+
 EXPORT int failslow_shim_clock_stats(int64_t *out, int n) {
     clk_init();
     int64_t v[8] = {__atomic_load_n(&g_clk_mode, __ATOMIC_RELAXED), (int64_t)g_clk_mult, (int64_t)g_clk_piece,

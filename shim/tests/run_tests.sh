@@ -27,6 +27,9 @@ case "$(uname -m)" in x86_64|aarch64)
     run clockfault FAILSLOW_CLOCK=tsc FAILSLOW_CLOCK_TEST_SKEW_PPM=50000 ;;
 esac
 run threads FAILSLOW_RING_CAPACITY=4096
+run threads FAILSLOW_RING_CAPACITY=4096 FAILSLOW_SINGLE_WRITER=0
+run handover
+run handover FAILSLOW_SINGLE_WRITER=0 EXPECT_SINGLE_WRITER=0
 run overflow FAILSLOW_RING_CAPACITY=64
 run fork
 run killed

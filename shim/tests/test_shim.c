@@ -15,6 +15,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -317,6 +318,107 @@ static int mode_overflow(void) {
 }
 
 /* --- fork: the child records into its own ring --------------------------------------------------- */
+
+/* --- handover: one thread's plain claims end exactly when a second thread starts writing -------- */
+/* Each round is a forked child (a fresh process: nobody owns its ring yet). The main thread makes the
+ * first call, so it owns the ring and writes with plain loads and stores; a second
+ * thread starts writing while the owner is in full flow, at a different point each round. Whatever the
+ * interleaving, every call must get its own sequence number (write_index == calls, nothing dropped) and
+ * every record must be whole, in call order per thread. */
+#define HO_ROUNDS 150
+#define HO_CALLS 4000
+static ncclComm_t g_ho_comm[2];
+static volatile long g_ho_progress, g_ho_start_at;
+
+static void *ho_second(void *arg) {
+    (void)arg;
+    while (g_ho_progress < g_ho_start_at) {
+    }
+    for (long i = 0; i < HO_CALLS; i++)
+        ncclAllReduce(0, 0, (size_t)(1000000 + i), ncclFloat32, ncclSum, g_ho_comm[1], (void *)2);
+    return NULL;
+}
+
+static int claim_stats(int64_t *st) {
+    int (*fn)(int64_t *, int) = (int (*)(int64_t *, int))dlsym(RTLD_DEFAULT, "failslow_shim_claim_stats");
+    CHECK(fn != NULL, "failslow_shim_claim_stats not exported");
+    return fn(st, 5);
+}
+
+static int ho_child(long start_at) {
+    g_ho_comm[0] = init_comm(2, 0, 0x31);
+    g_ho_comm[1] = init_comm(2, 1, 0x32);
+    int64_t st[5];
+    claim_stats(st);
+    const char *want = getenv("EXPECT_SINGLE_WRITER");
+    int single = !(want && strcmp(want, "0") == 0);
+    CHECK(st[1] == single, "single-writer path allowed: %lld, expected %d (membarrier?)", (long long)st[1], single);
+    CHECK(st[0] == 0, "control events make no owner (owner %lld)", (long long)st[0]);
+    ncclAllReduce(0, 0, 0, ncclFloat32, ncclSum, g_ho_comm[0], (void *)1);
+    claim_stats(st);
+    CHECK(!single || st[0] == (int64_t)syscall(SYS_gettid), "the first caller owns the ring (owner %lld)",
+          (long long)st[0]);
+    CHECK(st[2] == !single, "not contended before a second thread writes");
+    g_ho_start_at = start_at;
+    pthread_t th;
+    CHECK(pthread_create(&th, NULL, ho_second, NULL) == 0, "thread");
+    for (long i = 0; i < HO_CALLS; i++) {
+        ncclAllReduce(0, 0, (size_t)i, ncclFloat32, ncclSum, g_ho_comm[0], (void *)1);
+        g_ho_progress = i;
+    }
+    pthread_join(th, NULL);
+    claim_stats(st);
+    CHECK(st[2] == 1 && st[3] == 1, "a second writer ends the plain claims (contended %lld, done %lld)",
+          (long long)st[2], (long long)st[3]);
+    struct failslow_ring_header *h = map_ring(shim_ring_path());
+    uint64_t total = 2 + 2 * (uint64_t)HO_CALLS + 1;
+    CHECK(h->write_index == total && h->dropped == 0, "write index %lu of %lu calls, dropped %lu",
+          (unsigned long)h->write_index, (unsigned long)total, (unsigned long)h->dropped);
+    struct readout o = read_all(h, 1);
+    CHECK(o.n == total && o.lost == 0, "every record readable (%zu of %lu, %zu lost)", o.n, (unsigned long)total,
+          o.lost);
+    long last[2] = {-1, -1};
+    for (size_t i = 0; i < o.n; i++) {
+        const struct failslow_record *x = &o.recs[i];
+        CHECK(x->seq == i + 1, "record %zu carries sequence %lu", i, (unsigned long)x->seq);
+        if (x->op == FAILSLOW_OP_COMM_INIT || i == 2) continue; /* the inits, the owner's first call */
+        int t = x->count >= 1000000;
+        long k = (long)(x->count % 1000000);
+        CHECK(x->op == FAILSLOW_OP_ALLREDUCE && x->stream == (uint64_t)(t + 1) && x->bytes == x->count * 4 &&
+                  x->comm == o.recs[t].comm && x->comm_rank == t && x->t_enqueue_ns <= x->t_return_ns,
+              "record %zu whole", i);
+        CHECK(k == last[t] + 1, "thread %d: call %ld follows %ld", t, k, last[t]);
+        last[t] = k;
+    }
+    return (int)(st[4] > 0); /* 1: this round's handover found the owner inside a plain claim */
+}
+
+static int mode_handover(void) {
+    int waited = 0;
+    for (int r = 0; r < HO_ROUNDS; r++) {
+        int fds[2];
+        CHECK(pipe(fds) == 0, "pipe");
+        pid_t pid = fork();
+        if (pid == 0) {
+            close(fds[0]);
+            char w = (char)('0' + ho_child((long)(r * 997 % (HO_CALLS / 2))));
+            ssize_t n = write(fds[1], &w, 1);
+            unlink(shim_ring_path());
+            _exit(n == 1 ? 0 : 1);
+        }
+        close(fds[1]);
+        char w = 0;
+        ssize_t n = read(fds[0], &w, 1);
+        close(fds[0]);
+        int stt;
+        waitpid(pid, &stt, 0);
+        CHECK(WIFEXITED(stt) && WEXITSTATUS(stt) == 0 && n == 1, "round %d failed", r);
+        waited += w == '1';
+    }
+    printf("handover: %d rounds x 2 threads x %d calls exact; %d handovers found the owner mid-claim and waited\n",
+           HO_ROUNDS, HO_CALLS, waited);
+    return 0;
+}
 
 static int mode_fork(void) {
     ncclComm_t c = init_comm(2, 1, 2);
@@ -698,6 +800,7 @@ int main(int argc, char **argv) {
     g_mode = argv[1];
     if (!strcmp(g_mode, "basic")) return mode_basic();
     if (!strcmp(g_mode, "threads")) return mode_threads();
+    if (!strcmp(g_mode, "handover")) return mode_handover();
     if (!strcmp(g_mode, "overflow")) return mode_overflow();
     if (!strcmp(g_mode, "fork")) return mode_fork();
     if (!strcmp(g_mode, "killed")) return mode_killed();
