@@ -130,3 +130,17 @@ def test_continuous_mode_replays_back_to_back_steps_and_finds_the_worker() -> No
     assert r.root_cause.verdict == "individual_worker"
     step_mode = analyze(t, ideal="median", launch_delays="ideal")
     assert r.T / r.T_fix_top == pytest.approx(step_mode.T / step_mode.T_fix_top, rel=0.1)
+
+
+
+def test_fixed_straggler_costs_what_the_others_cost_on_average() -> None:
+    # right-skewed compute (lognormal micro-batch lengths) and one worker twice as slow: fixed, it
+    # takes the others' mean whatever --ideal says (their samples hold no straggler to be robust
+    # against; their median would make it cheaper than they are)
+    t = generate(SynthConfig(dp=4, pp=2, micro_batches=8, steps=6, seq_cv=0.5, slow_workers=((1, 0, 2.0),),
+                             seed=11)).trace()
+    by_median = analyze(t, ideal="median", max_sim_error=0.5)
+    by_mean = analyze(t, ideal="mean", max_sim_error=0.5)
+    assert by_median.M_W_workers[0] == by_mean.M_W_workers[0] == (1, 0)
+    assert by_median.T_fix_top == pytest.approx(by_mean.T_fix_top, rel=1e-12)
+    assert by_median.T_ideal < by_mean.T_ideal  # while T_ideal does follow --ideal
