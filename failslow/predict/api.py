@@ -93,9 +93,9 @@ def predict(profile: Profile, workers: Sequence[int], arch: str = "ring", model:
         # Every step of a distributed job starts after waiting for the network (all-reduce, download);
         # only a lone ring worker computes back to back. The profile's after-idle samples (if any) say
         # how fast such a step is under the CPU quota.
-        # A parameter-server worker's step follows a real model transfer (its receive work shares the
-        # quota): the after-transfer samples, when profiled.
-        pk = p if (a == "ring" and k == 1) else p.after_idle() if a == "ring" else p.after_transfer()
+        # A ring worker's step follows a real all-reduce, a parameter-server worker's a real model
+        # transfer (their network work shares the quota): those samples, when profiled.
+        pk = p if (a == "ring" and k == 1) else p.after_allreduce() if a == "ring" else p.after_transfer()
         if model == "coarse":
             out[int(k)] = coarse_throughput(pk, int(k), a, link=link, overlap=overlap, slowdown=sd)
             continue

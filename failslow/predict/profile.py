@@ -65,6 +65,8 @@ class Profile:
             (load the received model, compute, flatten the gradient) right after a real whole-model
             transfer (optional); `after_transfer` swaps these in. The transfer's receive work shares
             the CPU quota, which an idle wait does not.
+        ring_step_forward_s, ring_step_backward_s: the same for a ring worker's compute phase in a
+            sequence of real all-reduce steps (optional); `after_allreduce` swaps these in.
         share_sigma_down, share_sigma_up: how unevenly simultaneous flows share the server's link
             (σ of the random per-transfer weights of the simulation's ``tcp`` sharing, fitted from a
             fan-out / fan-in microbenchmark); None when not measured.
@@ -86,6 +88,8 @@ class Profile:
     idle_step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     net_step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     net_step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    ring_step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    ring_step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     share_sigma_down: float | None = None
     share_sigma_up: float | None = None
     overlap: bool = False
@@ -156,6 +160,15 @@ class Profile:
         if not self.net_step_forward_s.size:
             return self.after_idle()
         return self._with_steps(self.net_step_forward_s, self.net_step_backward_s)
+
+    def after_allreduce(self) -> Profile:
+        """The profile of a ring worker's steps in a job, each following a real all-reduce.
+
+        Uses the after-all-reduce samples when the profile has them, else `after_idle`.
+        """
+        if not self.ring_step_forward_s.size:
+            return self.after_idle()
+        return self._with_steps(self.ring_step_forward_s, self.ring_step_backward_s)
 
     def _with_steps(self, fwd: FloatArray, bwd: FloatArray) -> Profile:
         fm = np.median(fwd, axis=0)
@@ -312,6 +325,13 @@ def parse_profile(doc: Any) -> Profile:
         net_b = _matrix(steps.get("net_backward_s"), n, "steps.net_backward_s")
         if net_f.shape != net_b.shape:
             raise InputError("profile: steps.net_forward_s and steps.net_backward_s differ in shape")
+    ring_f = np.zeros((0, 0))
+    ring_b = np.zeros((0, 0))
+    if isinstance(steps, dict) and ("ring_forward_s" in steps or "ring_backward_s" in steps):
+        ring_f = _matrix(steps.get("ring_forward_s"), n, "steps.ring_forward_s")
+        ring_b = _matrix(steps.get("ring_backward_s"), n, "steps.ring_backward_s")
+        if ring_f.shape != ring_b.shape:
+            raise InputError("profile: steps.ring_forward_s and steps.ring_backward_s differ in shape")
     overlap = doc.get("overlap", False)
     if not isinstance(overlap, bool):
         raise InputError("profile: 'overlap' must be true or false")
@@ -320,6 +340,7 @@ def parse_profile(doc: Any) -> Profile:
                    latency_s=lat, ring_efficiency=ring_eff, ring_latency_s=ring_lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
                    step_backward_s=sb, idle_step_forward_s=idle_f, idle_step_backward_s=idle_b,
                    net_step_forward_s=net_f, net_step_backward_s=net_b,
+                   ring_step_forward_s=ring_f, ring_step_backward_s=ring_b,
                    share_sigma_down=sig_down, share_sigma_up=sig_up, overlap=overlap, meta=meta if isinstance(meta, dict) else {})
 
 
@@ -365,4 +386,7 @@ def profile_to_doc(p: Profile) -> dict[str, Any]:
     if p.net_step_forward_s.size:
         doc.setdefault("steps", {}).update(net_forward_s=p.net_step_forward_s.tolist(),
                                            net_backward_s=p.net_step_backward_s.tolist())
+    if p.ring_step_forward_s.size:
+        doc.setdefault("steps", {}).update(ring_forward_s=p.ring_step_forward_s.tolist(),
+                                           ring_backward_s=p.ring_step_backward_s.tolist())
     return doc

@@ -52,7 +52,7 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     # lock hold), which is common to all workers of a later run, whereas the step-to-step jitter
     # within a run is what is independent per worker — the part a barrier's max over K must see.
     for fkey, bkey in (("forward_s", "backward_s"), ("idle_forward_s", "idle_backward_s"),
-                       ("net_forward_s", "net_backward_s")):
+                       ("net_forward_s", "net_backward_s"), ("ring_forward_s", "ring_backward_s")):
         if not all(fkey in d["steps"] for d in docs):
             continue
         tot = [np.asarray(d["steps"][fkey]).sum(axis=1) + np.asarray(d["steps"][bkey]).sum(axis=1) for d in docs]

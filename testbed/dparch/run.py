@@ -359,6 +359,10 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
         # `update_s` to a worker's compute for the packing/unpacking, so it comes off here too.
         steps["net_forward_s"], steps["net_backward_s"] = whole_steps(
             r["net_forward_s"], r["net_backward_s"], r.get("net_step_wall_s"), upd)
+    if r.get("ring_forward_s"):
+        # A ring worker's step after an all-reduce (compute + update, the collective left out).
+        steps["ring_forward_s"], steps["ring_backward_s"] = whole_steps(
+            r["ring_forward_s"], r["ring_backward_s"], r.get("ring_step_wall_s"), upd)
     n = len(r["param_bytes"])
     # Per-layer medians: a step caught by a neighbour's burst (or a whole-period throttle stall landing
     # in one layer) must not move the profile; the step samples keep the spread for the simulation.

@@ -299,8 +299,27 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
                 net_f.append(f)
                 net_b.append(b)
                 net_w.append(w1 - w0)
+        # Steps as a ring worker runs them at K = 2: compute, all-reduce the gradient with the peer,
+        # apply it. The all-reduce's sends, receives and reductions share the CPU quota with the next
+        # step's compute; timed are the compute phase and the update (the step less the collective).
+        ar_f: list[list[float]] = []
+        ar_b: list[list[float]] = []
+        ar_w: list[float] = []
+        for i in range(c.total):
+            w0 = time.perf_counter()
+            f, b = tr.forward_backward(timing=True)
+            flat = tr.gather_grad()
+            w1 = time.perf_counter()
+            dist.all_reduce(flat, group=c.group)
+            w2 = time.perf_counter()
+            tr.apply_flat_grad(flat, 0.5)
+            if i >= c.warmup:
+                ar_f.append(f)
+                ar_b.append(b)
+                ar_w.append((w1 - w0) + (time.perf_counter() - w2))
         out.update(idle_forward_s=idle_f, idle_backward_s=idle_b, idle_step_wall_s=idle_w,
-                   net_forward_s=net_f, net_backward_s=net_b, net_step_wall_s=net_w)
+                   net_forward_s=net_f, net_backward_s=net_b, net_step_wall_s=net_w,
+                   ring_forward_s=ar_f, ring_backward_s=ar_b, ring_step_wall_s=ar_w)
         out.update(step_wall_s=walls, compute_cpu_s=cpu, forward_s=fwds, backward_s=bwds, update_s=upd,
                    accumulate_s=acc, param_bytes=tr.param_bytes(),
                    names=[type(b).__name__ if not isinstance(b, nn.Sequential) else "Linear+ReLU" for b in tr.model])
@@ -311,6 +330,10 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
         for _ in range(c.total):
             dist.send(params, dst=me, group=c.group)
             dist.recv(grad, src=me, group=c.group)
+        # The other ring member: it computes too, so that the collective starts as in a real step.
+        for _ in range(c.total):
+            tr.forward_backward()
+            dist.all_reduce(tr.gather_grad(), group=c.group)
     dist.barrier(group=c.group)
     if not c.calibrate:
         return out

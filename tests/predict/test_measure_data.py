@@ -127,6 +127,7 @@ def _raw_profile_job(walls: float) -> dict:
            "names": ["Linear+ReLU", "Linear"],
            "idle_forward_s": f, "idle_backward_s": b, "idle_step_wall_s": [walls * 0.9] * 3,
            "net_forward_s": f, "net_backward_s": b, "net_step_wall_s": [walls * 1.1] * 3,
+           "ring_forward_s": f, "ring_backward_s": b, "ring_step_wall_s": [walls * 1.2] * 3,
            "calibration": {"4": [0.001] * 3, "400": [0.002] * 3, "4000": [0.004] * 3},
            "allreduce_calibration": {"400": [0.002] * 3, "4000": [0.005] * 3}}
     spec = {"rate": "200mbit", "batch_size": 512, "cpu_cap": 0.156, "cpu_period_us": 10000, "width": 256,
@@ -144,15 +145,20 @@ def test_profile_doc_steps_add_up_to_the_measured_steps_and_ps_workers_use_after
                                + p.after_idle().step_backward_s.sum(axis=1) + upd, 0.09)
     t = p.after_transfer()
     np.testing.assert_allclose(t.step_forward_s.sum(axis=1) + t.step_backward_s.sum(axis=1) + upd, 0.11)
+    r = p.after_allreduce()
+    np.testing.assert_allclose(r.step_forward_s.sum(axis=1) + r.step_backward_s.sum(axis=1) + upd, 0.12)
     assert doc["meta"]["step_layer_sum_s"] == pytest.approx(0.08)
     # Round trip keeps the after-transfer samples; merging keeps them too.
     q = parse_profile(profile_to_doc(p))
     np.testing.assert_allclose(q.net_step_forward_s, p.net_step_forward_s)
     merged = parse_profile(merge_profiles([doc, profile_doc(_raw_profile_job(0.1))]))
-    assert merged.net_step_forward_s.shape == (6, 2)
-    # A lone ring worker runs back to back, the ring's K > 1 after idle, a PS worker after a transfer.
+    assert merged.net_step_forward_s.shape == (6, 2) and merged.ring_step_forward_s.shape == (6, 2)
+    np.testing.assert_allclose(q.ring_step_forward_s, p.ring_step_forward_s)
+    # A lone ring worker runs back to back, the ring's K > 1 after all-reduces, a PS worker after a transfer.
     ring = predict(p, [1, 2], arch="ring", model="coarse").throughput
     assert ring[1] == pytest.approx(512 / 0.1, rel=1e-9)
+    comm = 2 * (p.model_bytes / (2 * p.ring_bandwidth) + p.ring_hop_latency)
+    assert ring[2] == pytest.approx(2 * 512 / (0.12 + comm), rel=1e-9)  # identical steps: max = the step
     ps1 = predict(p, [1], arch="ps-sync", model="coarse").throughput[1]
     idle_only = parse_profile({**doc, "steps": {k: v for k, v in doc["steps"].items() if not k.startswith("net")}})
     assert ps1 < predict(idle_only, [1], arch="ps-sync", model="coarse").throughput[1]

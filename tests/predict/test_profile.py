@@ -106,3 +106,19 @@ def test_after_transfer_samples_parse_and_fall_back_to_after_idle() -> None:
     d["steps"]["net_backward_s"] = d["steps"]["backward_s"][:3]
     with pytest.raises(InputError, match=r"net_forward_s and steps\.net_backward_s differ"):
         parse_profile(d)
+
+
+def test_after_allreduce_samples_parse_and_fall_back_to_after_idle() -> None:
+    d = _doc()
+    rows = d["steps"]["forward_s"]
+    d["steps"]["idle_forward_s"] = [[x * 0.5 for x in r] for r in rows]
+    d["steps"]["idle_backward_s"] = d["steps"]["backward_s"]
+    assert parse_profile(d).after_allreduce().forward_s.sum() == pytest.approx(
+        parse_profile(d).after_idle().forward_s.sum())
+    d["steps"]["ring_forward_s"] = [[x * 3 for x in r] for r in rows]
+    d["steps"]["ring_backward_s"] = d["steps"]["backward_s"]
+    q = parse_profile(d)
+    assert q.after_allreduce().forward_s.sum() == pytest.approx(3 * np.median(np.array(rows), axis=0).sum())
+    d["steps"]["ring_backward_s"] = d["steps"]["backward_s"][:3]
+    with pytest.raises(InputError, match=r"ring_forward_s and steps\.ring_backward_s differ"):
+        parse_profile(d)
