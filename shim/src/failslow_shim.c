@@ -1014,7 +1014,8 @@ static __attribute__((noinline, cold)) struct failslow_record *claim_slow(struct
     return done ? r : failslow_ring_claim(h, seq);
 }
 
-static inline struct failslow_record *claim(struct failslow_ring_header *h, uint64_t *seq, int is_call) {
+static inline __attribute__((always_inline)) struct failslow_record *claim(struct failslow_ring_header *h,
+                                                                          uint64_t *seq, int is_call) {
     if (LIKELY(__atomic_load_n(&g_owner_tid, __ATOMIC_RELAXED) == my_tid())) {
         __atomic_store_n(&g_owner_busy, 1, __ATOMIC_RELAXED);
         __atomic_signal_fence(__ATOMIC_SEQ_CST); /* the compiler keeps the store before the load; the CPU
@@ -1033,15 +1034,16 @@ static inline struct failslow_record *claim(struct failslow_ring_header *h, uint
 /* After the real call: write the record. Nothing here can fail or set errno on the common path. */
 static inline void call_end(struct call *c, int op, ncclComm_t comm, uint64_t count, int dt, int peer,
                             cudaStream_t stream, ncclResult_t rc, uint64_t aux) {
-    int64_t t1 = clk_now();
     struct failslow_ring_header *h = c->h;
     uint32_t flags = c->flags;
     if (UNLIKELY(rc != ncclSuccess && rc != ncclInProgress)) flags |= FAILSLOW_F_ERROR;
     int gd = t_group_depth;
     if (gd > 0) flags |= FAILSLOW_F_IN_GROUP;
     struct pending *p = c->pend;
+    int64_t t1 = 0;
     if (UNLIKELY(p != NULL)) {
         int saved = errno;
+        t1 = clk_now(); /* before the CUDA call, which can take microseconds */
         if (rc != ncclSuccess || g_cuda.eventRecord(p->ev1, stream) != cudaSuccess) {
             __atomic_store_n(&p->state, PEND_FREE, __ATOMIC_RELEASE);
             p = NULL;
@@ -1053,6 +1055,10 @@ static inline void call_end(struct call *c, int op, ncclComm_t comm, uint64_t co
     comm_facts_fast(comm, &f);
     uint64_t seq;
     struct failslow_record *r = claim(h, &seq, 1);
+    /* the return time is read after the claim (when no CUDA event was recorded): the counter read (~23 ns
+     * on a VM) then overlaps the claim's loads instead of holding them up; t_return is later than the real
+     * return by the claim (a few ns) */
+    if (LIKELY(c->pend == NULL)) t1 = clk_now();
     if (LIKELY(r != NULL)) {
         u64_alias *w = (u64_alias *)(void *)r;
         uint8_t dtb = (dt >= 0 && dt < 255) ? (uint8_t)dt : (uint8_t)FAILSLOW_DTYPE_UNKNOWN;
@@ -1080,6 +1086,8 @@ static inline void call_end(struct call *c, int op, ncclComm_t comm, uint64_t co
         } else {
             failslow_ring_commit(r, seq);
         }
+        /* the next record's slot, for the next call: its stamp check then hits the cache */
+        __builtin_prefetch(failslow_ring_records(h) + (seq & (uint64_t)(h->capacity - 1)), 1, 3);
     } else if (p) {
         __atomic_store_n(&p->state, PEND_FREE, __ATOMIC_RELEASE);
     }
