@@ -255,7 +255,8 @@ def testbed_validation(levels: tuple[float, ...] = PRIMARY_LEVELS, extra_levels:
     One job with short alternating windows (not one job per level) keeps the background load of
     this shared machine as equal as possible between the healthy and faulty iterations compared.
     `recorded`: a directory holding a previous run's trace-tbval.parquet and report-tbval.json
-    (same protocol arguments) to analyse again instead of running the job.
+    (and cpu-tbval.json, the CPU samples, when it has them) to analyse again instead of running
+    the job; each window's level is read from the report.
     """
     from failslow.whatif import analyze, read_trace
     from failslow.whatif.trace import select_steps
