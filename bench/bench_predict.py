@@ -134,11 +134,13 @@ def characterisation(doc: dict[str, Any]) -> list[str]:
                   "Step = forward + backward of all layers (medians over every profiling run of the hold; "
                   "since session 3 each step's layers add up to its measured wall time less the update, "
                   "*layer sums* shows what the timed layers alone held). Back to back: steps in a sequence "
-                  "(a lone ring worker). After idle: each step after 30 ms of waiting (ring, K > 1). After "
-                  "transfer: a PS worker's compute phase right after receiving the model from the peer.",
+                  "(a lone ring worker). After idle: each step after 30 ms of waiting (session 2's ring, K > 1). "
+                  "After transfer: a PS worker's compute phase right after receiving the model from the peer. "
+                  "After all-reduce: a ring worker's compute and update in a sequence of all-reduce steps with "
+                  "the peer (the ring, K > 1).",
                   "", "| hold | profiling runs | back to back | layer sums | after idle | after transfer | "
-                  "CPU per step | link eff. | α link | ring eff. | α ring hop |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "after all-reduce | CPU per step | link eff. | α link | ring eff. | α ring hop |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for part in parts:
             for prof_doc in [doc["profiles_by_arch"][part["archs"][0]]]:
                 p = parse_profile(prof_doc)
@@ -150,12 +152,15 @@ def characterisation(doc: dict[str, Any]) -> list[str]:
                 tf, tb = p.after_transfer().step_samples()
                 net = f"{1e3 * float(np.median(tf.sum(axis=1) + tb.sum(axis=1))):.1f} ms" \
                     if p.net_step_forward_s.size else "–"
+                af, ab = p.after_allreduce().step_samples()
+                ring_s = f"{1e3 * float(np.median(af.sum(axis=1) + ab.sum(axis=1))):.1f} ms" \
+                    if p.ring_step_forward_s.size else "–"
                 raw = [x["meta"].get("step_layer_sum_s") for x in part["profiles"]]
                 raw_s = f"{1e3 * float(np.median([c for c in raw if c])):.1f} ms" if any(raw) else "–"
                 cpus = [x["meta"].get("compute_cpu_s") for x in part["profiles"]]
                 cpu = f"{1e3 * float(np.median([c for c in cpus if c])):.1f} ms" if any(cpus) else "–"
                 lines.append(f"| {', '.join(part['archs'])} | {len(part['profiles'])} | {1e3 * b2b:.1f} ms | "
-                             f"{raw_s} | {1e3 * idle:.1f} ms | {net} | {cpu} | {p.link_efficiency:.3f} | "
+                             f"{raw_s} | {1e3 * idle:.1f} ms | {net} | {ring_s} | {cpu} | {p.link_efficiency:.3f} | "
                              f"{1e3 * p.latency_s:.2f} ms | {p.ring_bandwidth / p.bandwidth_bytes_per_s:.3f} | "
                              f"{1e3 * p.ring_hop_latency:.2f} ms |")
     net = doc.get("net", {})
