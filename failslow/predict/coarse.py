@@ -52,14 +52,26 @@ def _factors(k: int, slowdown: Sequence[float] | None) -> FloatArray:
     return f
 
 
-def expected_max(samples: FloatArray, factors: FloatArray) -> float:
-    """E[max_w f_w·X_w] for independent X_w drawn from the empirical distribution of `samples`.
+def expected_max(samples: FloatArray, factors: FloatArray, shared: float = 0.0) -> float:
+    """E[max_w f_w·X_w] for X_w drawn from the empirical distribution of `samples`.
 
     The barrier of a synchronous step waits for the slowest worker, so the step pays the expected
     maximum of K compute times, not their mean. With the empirical CDF F, P(max ≤ t) = Π_w F(t / f_w);
     it only jumps at the candidates f_w·x_i, so the expectation is an exact finite sum.
+
+    `shared` is the fraction ρ of the samples' variance that all workers share in a step (the same
+    host at the same moment): X_w = μ + √ρ·(S − μ) + √(1−ρ)·(Y_w − μ), S and Y_w drawn from the samples.
+    The common term moves every worker alike and leaves the max's mean alone, so E[max] is the
+    independent max over the samples shrunk towards their mean by √(1−ρ) (exact for equal factors;
+    with unequal ones the common term is taken at the mean factor's weight, i.e. left out). ρ = 0 is
+    the independent max, ρ = 1 the mean (times the largest factor).
     """
+    if not (0.0 <= shared <= 1.0):
+        raise InputError(f"shared jitter fraction must be within [0, 1], got {shared!r}")
     xs = np.sort(np.asarray(samples, dtype=np.float64))
+    if shared > 0.0:
+        mu = float(xs.mean())
+        xs = mu + np.sqrt(1.0 - shared) * (xs - mu)
     n = xs.shape[0]
     if n == 1:
         return float(xs[0] * factors.max())
@@ -92,7 +104,8 @@ def ring_step_time(p: Profile, k: int, *, overlap: bool | None = None,
 
     Without overlap: T = E[max_w (T_F + T_B + T_update)_w] + 2(K−1)(M/(K·B) + α), the expectation over
     the profiled per-step compute times (the all-reduce is a barrier: it starts when the slowest worker
-    of the step arrives; with one recorded step this is the mean form of the paper). With overlap, each layer's
+    of the step arrives; with one recorded step this is the mean form of the paper). The part of the
+    jitter all workers share (`Profile.shared_jitter`) does not widen the max (`expected_max`). With overlap, each layer's
     gradient is all-reduced (in backward order, one at a time on the ring) as soon as every worker has
     computed it, so the all-reduce of the last layers hides behind the backward of the first ones.
     """
@@ -104,7 +117,8 @@ def ring_step_time(p: Profile, k: int, *, overlap: bool | None = None,
     if not ov:
         comm = 0.0 if k == 1 else 2 * (k - 1) * (p.model_bytes / (k * bw) + hop)
         sf, sb = p.step_samples()
-        compute = expected_max(sf.sum(axis=1) + sb.sum(axis=1) + p.update_s, f)
+        # Only the workers' independent jitter makes the slowest one slower than the rest.
+        compute = expected_max(sf.sum(axis=1) + sb.sum(axis=1) + p.update_s, f, p.shared_jitter)
         return float(compute + comm)
     t = float(slow * p.forward_s.sum())
     link_free = t

@@ -358,6 +358,13 @@ class _Job:
         self.sf, self.sb = sf, sb
         # One draw per worker-step, made up front so results depend only on the seed.
         self.draws = rng.integers(0, sf.shape[0], size=(k, steps))
+        # Ring steps are in lock step: the jitter share all workers have in common (same host, same
+        # moment) is one draw per step, the rest one per worker-step, as in `coarse.expected_max`.
+        self.shared = float(p.shared_jitter) if arch == "ring" else 0.0
+        if self.shared > 0.0:
+            self.shared_draws = rng.integers(0, sf.shape[0], size=steps)
+            self.mu_f, self.mu_b = sf.mean(axis=0), sb.mean(axis=0)
+            self.w_shared, self.w_own = np.sqrt(self.shared), np.sqrt(1.0 - self.shared)
         self.nl = p.n_layers
         self.msg_bytes: list[float] = (p.param_bytes.tolist() if overlap else [p.model_bytes])
         self.ends = np.full((k, steps), np.nan)
@@ -375,8 +382,16 @@ class _Job:
         w.step += 1
         d = self.draws[w.index, w.step]
         s = self.slowdown[w.index]
-        w.fwd = self.sf[d] * s
-        w.bwd = self.sb[d] * s
+        if self.shared > 0.0:
+            c = self.shared_draws[w.step]
+            fwd = self.mu_f + self.w_shared * (self.sf[c] - self.mu_f) + self.w_own * (self.sf[d] - self.mu_f)
+            bwd = self.mu_b + self.w_shared * (self.sb[c] - self.mu_b) + self.w_own * (self.sb[d] - self.mu_b)
+            # √ρ + √(1−ρ) ≥ 1: two short draws can reach below zero in a short layer.
+            w.fwd = np.maximum(fwd, 0.0) * s
+            w.bwd = np.maximum(bwd, 0.0) * s
+        else:
+            w.fwd = self.sf[d] * s
+            w.bwd = self.sb[d] * s
         if self.arch != "ring":
             # Packing the gradient / unpacking parameters, after the last backward (as in `coarse`).
             w.bwd = w.bwd.copy()

@@ -67,6 +67,13 @@ class Profile:
             the CPU quota, which an idle wait does not.
         ring_step_forward_s, ring_step_backward_s: the same for a ring worker's compute phase in a
             sequence of real all-reduce steps (optional); `after_allreduce` swaps these in.
+        ring_peer_step_s: the other ring member's step times in the same steps, paired row by row
+            with the after-all-reduce samples (optional, shape (n_steps,)); their correlation is
+            `ring_shared_jitter`.
+        shared_jitter: the fraction ρ of the step-to-step variance that all workers of a synchronous
+            job share (the same host, the same moment), 0 = independent. The barrier's max over K
+            only sees the independent part: step_w = shared + independent_w. Set by
+            `after_allreduce` from the paired ring samples; 0 otherwise.
         share_sigma_down, share_sigma_up: how unevenly simultaneous flows share the server's link
             (σ of the random per-transfer weights of the simulation's ``tcp`` sharing, fitted from a
             fan-out / fan-in microbenchmark); None when not measured.
@@ -90,6 +97,8 @@ class Profile:
     net_step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     ring_step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
     ring_step_backward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
+    ring_peer_step_s: FloatArray = field(default_factory=lambda: np.zeros(0))
+    shared_jitter: float = 0.0
     share_sigma_down: float | None = None
     share_sigma_up: float | None = None
     overlap: bool = False
@@ -165,10 +174,31 @@ class Profile:
         """The profile of a ring worker's steps in a job, each following a real all-reduce.
 
         Uses the after-all-reduce samples when the profile has them, else `after_idle`.
+        Where the other ring member's paired steps were recorded, `shared_jitter` is set to
+        `ring_shared_jitter`.
         """
         if not self.ring_step_forward_s.size:
             return self.after_idle()
-        return self._with_steps(self.ring_step_forward_s, self.ring_step_backward_s)
+        out = self._with_steps(self.ring_step_forward_s, self.ring_step_backward_s)
+        return replace(out, shared_jitter=self.ring_shared_jitter)
+
+    @property
+    def ring_shared_jitter(self) -> float:
+        """ρ: how much of the ring members' step-time variance is shared, from the paired samples.
+
+        With step_w = S + I_w (S common to both members of a step, I_w independent, equal spread),
+        cov(step_1, step_2) = var(S) and var(step_w) = var(S) + var(I), so the Pearson correlation of
+        the two members' step times is var(S) / var(step). Clipped to [0, 1] (a negative sample
+        correlation is noise around "nothing shared"); 0 without paired samples.
+        """
+        peer = self.ring_peer_step_s
+        if peer.size < 3 or peer.shape[0] != self.ring_step_forward_s.shape[0]:
+            return 0.0
+        mine = self.ring_step_forward_s.sum(axis=1) + self.ring_step_backward_s.sum(axis=1)
+        if float(np.std(mine)) == 0.0 or float(np.std(peer)) == 0.0:
+            return 0.0
+        rho = float(np.corrcoef(mine, peer)[0, 1])
+        return min(1.0, max(0.0, rho)) if math.isfinite(rho) else 0.0
 
     def _with_steps(self, fwd: FloatArray, bwd: FloatArray) -> Profile:
         fm = np.median(fwd, axis=0)
@@ -230,6 +260,18 @@ def _matrix(v: Any, n_layers: int, what: str) -> FloatArray:
         raise InputError(f"profile: {what} must be a list of per-layer lists of numbers") from exc
     if a.ndim != 2 or a.shape[1] != n_layers or a.shape[0] == 0:
         raise InputError(f"profile: {what} must have shape (steps, {n_layers}), got {a.shape}")
+    if not np.all(np.isfinite(a)) or np.any(a < 0):
+        raise InputError(f"profile: {what} must hold finite non-negative seconds")
+    return a
+
+
+def _vector(v: Any, what: str) -> FloatArray:
+    try:
+        a = np.asarray(v, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise InputError(f"profile: {what} must be a list of numbers") from exc
+    if a.ndim != 1 or a.shape[0] == 0:
+        raise InputError(f"profile: {what} must be a non-empty list of numbers, got shape {a.shape}")
     if not np.all(np.isfinite(a)) or np.any(a < 0):
         raise InputError(f"profile: {what} must hold finite non-negative seconds")
     return a
@@ -332,6 +374,12 @@ def parse_profile(doc: Any) -> Profile:
         ring_b = _matrix(steps.get("ring_backward_s"), n, "steps.ring_backward_s")
         if ring_f.shape != ring_b.shape:
             raise InputError("profile: steps.ring_forward_s and steps.ring_backward_s differ in shape")
+    ring_peer = np.zeros(0)
+    if isinstance(steps, dict) and "ring_peer_step_s" in steps:
+        ring_peer = _vector(steps.get("ring_peer_step_s"), "steps.ring_peer_step_s")
+        if ring_peer.shape[0] != ring_f.shape[0]:
+            raise InputError(f"profile: steps.ring_peer_step_s has {ring_peer.shape[0]} steps, "
+                             f"steps.ring_forward_s {ring_f.shape[0]}: they must be paired step by step")
     overlap = doc.get("overlap", False)
     if not isinstance(overlap, bool):
         raise InputError("profile: 'overlap' must be true or false")
@@ -340,7 +388,7 @@ def parse_profile(doc: Any) -> Profile:
                    latency_s=lat, ring_efficiency=ring_eff, ring_latency_s=ring_lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
                    step_backward_s=sb, idle_step_forward_s=idle_f, idle_step_backward_s=idle_b,
                    net_step_forward_s=net_f, net_step_backward_s=net_b,
-                   ring_step_forward_s=ring_f, ring_step_backward_s=ring_b,
+                   ring_step_forward_s=ring_f, ring_step_backward_s=ring_b, ring_peer_step_s=ring_peer,
                    share_sigma_down=sig_down, share_sigma_up=sig_up, overlap=overlap, meta=meta if isinstance(meta, dict) else {})
 
 
@@ -389,4 +437,6 @@ def profile_to_doc(p: Profile) -> dict[str, Any]:
     if p.ring_step_forward_s.size:
         doc.setdefault("steps", {}).update(ring_forward_s=p.ring_step_forward_s.tolist(),
                                            ring_backward_s=p.ring_step_backward_s.tolist())
+    if p.ring_peer_step_s.size:
+        doc.setdefault("steps", {})["ring_peer_step_s"] = p.ring_peer_step_s.tolist()
     return doc

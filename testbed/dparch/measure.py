@@ -66,6 +66,13 @@ def merge_profiles(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
         # predictions for K = 3…7 by +5…9 %, away from the measurement).
         out["steps"][fkey] = [fr for fr, _, _ in rows]
         out["steps"][bkey] = [br for _, br, _ in rows]
+        if fkey == "ring_forward_s":
+            # The peer's paired steps get their run's scale too (the level is common to both members).
+            if all(len(d["steps"].get("ring_peer_step_s", [])) == len(d["steps"][fkey]) for d in docs):
+                out["steps"]["ring_peer_step_s"] = [x * c for d, c in zip(docs, scale, strict=True)
+                                                    for x in d["steps"]["ring_peer_step_s"]]
+            else:
+                out["steps"].pop("ring_peer_step_s", None)
     fwd, bwd = out["steps"]["forward_s"], out["steps"]["backward_s"]
     # Medians throughout: one profiling run during a neighbour's burst must not move the profile.
     for i, layer in enumerate(out["layers"]):

@@ -363,6 +363,11 @@ def profile_doc(job: dict[str, Any]) -> dict[str, Any]:
         # A ring worker's step after an all-reduce (compute + update, the collective left out).
         steps["ring_forward_s"], steps["ring_backward_s"] = whole_steps(
             r["ring_forward_s"], r["ring_backward_s"], r.get("ring_step_wall_s"), upd)
+        peer = job["ranks"].get("1", {}).get("ring_peer_step_wall_s")
+        if peer and r.get("ring_step_wall_s") and len(peer) == len(r["ring_step_wall_s"]):
+            # The other ring member's steps, paired step by step with these (the collective
+            # synchronises them): less the update, as the samples above.
+            steps["ring_peer_step_s"] = [w - upd for w in peer]
     n = len(r["param_bytes"])
     # Per-layer medians: a step caught by a neighbour's burst (or a whole-period throttle stall landing
     # in one layer) must not move the profile; the step samples keep the spread for the simulation.

@@ -330,10 +330,21 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
         for _ in range(c.total):
             dist.send(params, dst=me, group=c.group)
             dist.recv(grad, src=me, group=c.group)
-        # The other ring member: it computes too, so that the collective starts as in a real step.
-        for _ in range(c.total):
-            tr.forward_backward()
-            dist.all_reduce(tr.gather_grad(), group=c.group)
+        # The other ring member: it runs the same step (timed the same way, the collective left out),
+        # so that the collective starts as in a real step and the two members' step times can be
+        # paired: how much of their step-to-step jitter is shared is what the max over K must know.
+        peer_w: list[float] = []
+        for i in range(c.total):
+            w0 = time.perf_counter()
+            tr.forward_backward(timing=True)
+            flat = tr.gather_grad()
+            w1 = time.perf_counter()
+            dist.all_reduce(flat, group=c.group)
+            w2 = time.perf_counter()
+            tr.apply_flat_grad(flat, 0.5)
+            if i >= c.warmup:
+                peer_w.append((w1 - w0) + (time.perf_counter() - w2))
+        out["ring_peer_step_wall_s"] = peer_w
     dist.barrier(group=c.group)
     if not c.calibrate:
         return out
