@@ -127,13 +127,19 @@ class BatchDetector(Protocol):
         ...
 
 
+RECOVER_SHARE = 0.8
+"""Share of an open event's rise that one change must take back to end the event (besides falling under
+the threshold)."""
+
+
 class EventTracker:
     """Fail-slow event state per series, driven by confirmed change points.
 
     Args:
         n_series: Number of series.
         threshold: Relative rise over the healthy baseline that opens an event (0.10 = 10 %); the event
-            closes when a later change brings the level back under it.
+            closes when a later change brings the level back under it, or takes back at least
+            ``RECOVER_SHARE`` of the rise.
     """
 
     def __init__(self, n_series: int, threshold: float) -> None:
@@ -181,8 +187,15 @@ class EventTracker:
         lvl = after[idx]
         # Levels are compared as magnitudes so negative-valued generic series behave symmetrically.
         up = np.abs(lvl) > np.abs(base) * (1.0 + self.threshold)
+        # An open event also ends when one change takes back most of its rise (RECOVER_SHARE): after a
+        # 2.8x fault the level can settle a little above the healthy level of minutes before (a noisy host
+        # drifts by 10-20 %), and that residue is not the fault. The level it settles at becomes the new
+        # healthy baseline (a residue that lasts is taken as the job's new normal, not a fail-slow).
+        prev = np.abs(self.level[idx])
+        rise = prev - np.abs(base)
+        undone = (rise > 0) & (np.abs(lvl) - np.abs(base) <= (1.0 - RECOVER_SHARE) * rise)
         newly = ~was_open & up
-        ended = was_open & ~up
+        ended = was_open & (~up | undone)
         opened[idx[newly]] = True
         recovered[idx[ended]] = True
         self.open[idx[newly]] = True

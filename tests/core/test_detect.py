@@ -55,6 +55,21 @@ def test_bocd_v_localises_onset_and_recovery() -> None:
     assert 0.5 < up.probability <= 1.0
 
 
+def test_event_ends_when_a_change_takes_back_most_of_a_big_rise() -> None:
+    # A 2.8x fault that ends with the job settling 15 % above its level before (a noisy host's drift): the
+    # event ends at the change down and the new level becomes the baseline. A partial recovery (2.8x -> 1.8x)
+    # keeps it open.
+    rng = np.random.default_rng(13)
+    x = np.r_[rng.normal(1.0, 0.02, 300), rng.normal(2.8, 0.05, 200), rng.normal(1.15, 0.02, 300)]
+    res = detect_series(x, "bocd-v")
+    assert len(res.events) == 1
+    onset, _first, end = res.events[0]
+    assert onset == 300 and 500 <= end <= 510
+    partial = np.r_[rng.normal(1.0, 0.02, 300), rng.normal(2.8, 0.05, 200), rng.normal(1.8, 0.03, 300)]
+    res = detect_series(partial, "bocd-v")
+    assert len(res.events) == 1 and res.events[0][0] == 300 and res.events[0][2] == -1
+
+
 def test_periodic_spikes_warmup_missing_and_drift_do_not_alarm() -> None:
     rng = np.random.default_rng(12)
     n = 2000
