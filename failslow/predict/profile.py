@@ -253,6 +253,18 @@ def _num(d: dict[str, Any], key: str, where: str, *, positive: bool = False, def
     return float(v)
 
 
+def _step_pair(steps: Any, prefix: str, n: int) -> tuple[FloatArray, FloatArray]:
+    """Optional ``steps.<prefix>forward_s`` / ``steps.<prefix>backward_s`` matrices (empty when both absent)."""
+    fk, bk = f"{prefix}forward_s", f"{prefix}backward_s"
+    if not isinstance(steps, dict) or (fk not in steps and bk not in steps):
+        return np.zeros((0, 0)), np.zeros((0, 0))
+    f = _matrix(steps.get(fk), n, f"steps.{fk}")
+    b = _matrix(steps.get(bk), n, f"steps.{bk}")
+    if f.shape != b.shape:
+        raise InputError(f"profile: steps.{fk} and steps.{bk} differ in shape")
+    return f, b
+
+
 def _matrix(v: Any, n_layers: int, what: str) -> FloatArray:
     try:
         a = np.asarray(v, dtype=np.float64)
@@ -353,27 +365,9 @@ def parse_profile(doc: Any) -> Profile:
         sb = _matrix(steps.get("backward_s"), n, "steps.backward_s")
         if sf.shape != sb.shape:
             raise InputError("profile: steps.forward_s and steps.backward_s differ in shape")
-    idle_f = np.zeros((0, 0))
-    idle_b = np.zeros((0, 0))
-    if isinstance(steps, dict) and ("idle_forward_s" in steps or "idle_backward_s" in steps):
-        idle_f = _matrix(steps.get("idle_forward_s"), n, "steps.idle_forward_s")
-        idle_b = _matrix(steps.get("idle_backward_s"), n, "steps.idle_backward_s")
-        if idle_f.shape != idle_b.shape:
-            raise InputError("profile: steps.idle_forward_s and steps.idle_backward_s differ in shape")
-    net_f = np.zeros((0, 0))
-    net_b = np.zeros((0, 0))
-    if isinstance(steps, dict) and ("net_forward_s" in steps or "net_backward_s" in steps):
-        net_f = _matrix(steps.get("net_forward_s"), n, "steps.net_forward_s")
-        net_b = _matrix(steps.get("net_backward_s"), n, "steps.net_backward_s")
-        if net_f.shape != net_b.shape:
-            raise InputError("profile: steps.net_forward_s and steps.net_backward_s differ in shape")
-    ring_f = np.zeros((0, 0))
-    ring_b = np.zeros((0, 0))
-    if isinstance(steps, dict) and ("ring_forward_s" in steps or "ring_backward_s" in steps):
-        ring_f = _matrix(steps.get("ring_forward_s"), n, "steps.ring_forward_s")
-        ring_b = _matrix(steps.get("ring_backward_s"), n, "steps.ring_backward_s")
-        if ring_f.shape != ring_b.shape:
-            raise InputError("profile: steps.ring_forward_s and steps.ring_backward_s differ in shape")
+    idle_f, idle_b = _step_pair(steps, "idle_", n)
+    net_f, net_b = _step_pair(steps, "net_", n)
+    ring_f, ring_b = _step_pair(steps, "ring_", n)
     ring_peer = np.zeros(0)
     if isinstance(steps, dict) and "ring_peer_step_s" in steps:
         ring_peer = _vector(steps.get("ring_peer_step_s"), "steps.ring_peer_step_s")
