@@ -35,6 +35,21 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
                    help="node of each rank, comma-separated (default: rank // ranks-per-node)")
     p.add_argument("--resume", default=None, metavar="CKPT_DIR",
                    help="start from a testbed checkpoint (same layout), continuing its iteration count")
+    c = p.add_argument_group("CPU caps (dedicated-device emulation; needs root)")
+    c.add_argument("--cpu-cap", type=float, default=None, metavar="CPUS",
+                   help="cap every rank at CPUS CPUs (cgroup quota), e.g. 0.4 for 4 ranks on 2 cores: with the "
+                        "caps summing below the cores each rank runs as on its own device; cpu faults then "
+                        "lower one rank's cap (their quota must be below CPUS). Default: uncapped")
+    c.add_argument("--cpu-period-us", type=int, default=100_000, metavar="US",
+                   help="CFS period of the rank cgroups for the cap and cpu faults (default 100000; 10000 "
+                        "throttles in finer steps)")
+    c.add_argument("--pin-cpus", action="store_true",
+                   help="bind each rank's threads to one CPU (rank modulo the usable CPUs): a capped rank's "
+                        "quota overrun then stays on its CPU, which keeps its share steadier")
+    c.add_argument("--device-speed", type=float, default=None, metavar="S",
+                   help="each rank's compute ops (forward, backward, optimizer) last their CPU time / S: a "
+                        "device of its own S times as fast as one CPU (e.g. 0.4 for 4 ranks on 2 cores), "
+                        "unaffected by what the other ranks do; cpu fault quotas must be below S. Default: off")
     m = ModelConfig()
     g = p.add_argument_group("model")
     g.add_argument("--layers", type=int, default=m.layers, help=f"transformer blocks in total (default {m.layers})")
@@ -68,7 +83,8 @@ def job_config(args: argparse.Namespace, iterations: int) -> JobConfig:
                      micro_batches=args.micro_batches, model=model, seed=args.seed, job=args.job,
                      torch_hook=args.torch_hook, ring_dir=args.ring_dir,
                      namespaces=False if args.loopback else None, placement=_placement(args.placement),
-                     resume_dir=_resume(args.resume))
+                     resume_dir=_resume(args.resume), cpu_cap=args.cpu_cap, cpu_period_us=args.cpu_period_us,
+                     pin_cpus=args.pin_cpus, device_speed=args.device_speed)
 
 
 def _placement(text: str | None) -> list[int] | None:

@@ -6,7 +6,8 @@ Spec grammar: ``KIND:key=value,key=value,...``. Kinds and keys:
 kind       keys                                  effect
 =========  ====================================  =======================================================
 link       node, rate                            ``tc qdisc tbf`` at `rate` on both ends of the node's veth
-cpu        rank, quota                           cgroup v1 CPU quota (in CPUs) on the rank's process
+cpu        rank, quota                           cgroup v1 CPU quota (in CPUs) on the rank's process; on
+                                                 its end the rank's base cap (``--cpu-cap``), if any
 gc         rank, every, pause                    every `every` iterations the rank stops `pause` seconds
                                                  after a full ``gc.collect()``
 seqlen     dp, factor                            DP replica `dp` trains on sequences `factor` × longer
@@ -41,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from failslow.errors import InputError
-from testbed.cgroup import CpuCgroup
+from testbed.cgroup import CgroupError, CpuCgroup
 from testbed.netns import clear_rate, parse_rate, set_rate
 
 
@@ -202,13 +203,21 @@ class LinkFault(Fault):
 
 @dataclass
 class CpuFault(Fault):
-    """CPU quota (in CPUs) on one rank's process via a cgroup v1 cpu cgroup."""
+    """CPU quota (in CPUs) on one rank's process via a cgroup v1 cpu cgroup.
+
+    On a target that keeps each rank in its own cgroup (the testbed) the quota is set in place, at
+    that cgroup's CFS period, and ending the fault puts back the quota the cgroup had before: the
+    rank's base cap when the job runs capped (``--cpu-cap``, a dedicated-device emulation), no limit
+    otherwise. A target with a base cap (``cpu_cap`` attribute) refuses a fault quota at or above it:
+    such a "fault" would speed the rank up.
+    """
 
     rank: int = 0
     quota: float = 0.3
     kind: ClassVar[str] = "cpu"
     _cg: CpuCgroup | None = field(default=None, init=False, repr=False)
     _shared: CpuCgroup | None = field(default=None, init=False, repr=False)
+    _before: float | None = field(default=None, init=False, repr=False)
 
     @property
     def target(self) -> str:
@@ -216,6 +225,10 @@ class CpuFault(Fault):
 
     def validate(self, target: FaultTarget) -> None:
         _range_check("rank", self.rank, target.world_size, "ranks")
+        cap = getattr(target, "cpu_cap", None)
+        if cap is not None and self.quota >= cap:
+            raise InputError(f"cpu fault quota {self.quota} CPUs is not below the ranks' base cap of {cap} CPUs "
+                             f"(--cpu-cap / --device-speed): it would not slow rank {self.rank} down")
 
     def _apply(self) -> None:
         env = self._env()
@@ -224,7 +237,9 @@ class CpuFault(Fault):
         own = getattr(env, "rank_cgroup", None)
         cg_existing = own(self.rank) if own is not None else None
         if cg_existing is not None:
-            cg_existing.set_quota(self.quota)
+            # the period of the base cap, so that the fault only changes the share of it
+            self._before = cg_existing.quota()
+            cg_existing.set_quota(self.quota, period_us=_period_us(cg_existing))
             self._shared = cg_existing
             return
         cg = CpuCgroup.create(f"r{self.rank}-{len(self.episodes)}", prefix=env.cgroup_prefix())
@@ -239,11 +254,22 @@ class CpuFault(Fault):
 
     def _remove(self) -> None:
         if self._shared is not None:
-            self._shared.clear_quota()
-            self._shared = None
+            if self._before is None:
+                self._shared.clear_quota()
+            else:
+                self._shared.set_quota(self._before, period_us=_period_us(self._shared))
+            self._shared, self._before = None, None
         if self._cg is not None:
             self._cg.destroy()
             self._cg = None
+
+
+def _period_us(cg: CpuCgroup) -> int:
+    """The CFS period a cgroup runs with now (its quota is counted per period)."""
+    try:
+        return int((cg.path / "cpu.cfs_period_us").read_text())
+    except (OSError, ValueError) as exc:
+        raise CgroupError(f"cannot read the CFS period of {cg.path}: {exc}") from exc
 
 
 @dataclass
@@ -360,6 +386,10 @@ class PoissonFault(Fault):
     def validate(self, target: FaultTarget) -> None:
         if "link" in self.kinds and not target.link_devices(0):
             raise InputError("poisson with kinds=link needs link faults, unavailable on loopback")
+        cap = getattr(target, "cpu_cap", None)
+        if "cpu" in self.kinds and cap is not None and self.quota >= cap:
+            raise InputError(f"poisson cpu quota {self.quota} CPUs is not below the ranks' base cap of {cap} CPUs "
+                             "(--cpu-cap / --device-speed)")
 
     def _loop(self) -> None:
         rng = random.Random(self.seed)

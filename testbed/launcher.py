@@ -71,6 +71,15 @@ class JobConfig:
     repeat_data: bool = False  # every iteration trains on iteration 0's batch (gradient comparisons)
     timeout_s: float = 300.0
     cpu_weight: float = 2.0  # job cgroup weight in ordinary processes per rank; 0: no job cgroup
+    # Dedicated-device emulation: every rank capped at `cpu_cap` CPUs (None: uncapped, the ranks share
+    # the host's cores). With the caps summing below the cores a rank runs at its cap whatever its
+    # neighbours do, as a GPU worker runs on its own device; a CPU fault then lowers one rank's cap.
+    cpu_cap: float | None = None
+    cpu_period_us: int = 100_000  # CFS period of the rank cgroups (base cap and CPU faults)
+    pin_cpus: bool = False  # bind each rank's threads to one CPU (rank modulo the CPUs we may use)
+    # Dedicated-device emulation by pacing: each compute op (forward, backward, optimizer) lasts its
+    # CPU time / `device_speed` (None: as fast as the shared cores allow). See worker.Rank._pace.
+    device_speed: float | None = None
 
     def layout(self) -> Layout:
         """The parallel layout (ranks per node defaults to the TP size: one TP group per node)."""
@@ -101,6 +110,15 @@ class JobConfig:
             raise InputError(f"world size {lay.world_size} is too large for a testbed on this machine (max 64)")
         if self.microbatches is not None and (len(self.microbatches) != self.dp or min(self.microbatches) < 1):
             raise InputError(f"need {self.dp} micro-batch counts >= 1, got {self.microbatches}")
+        if self.cpu_cap is not None:
+            if not 0.01 <= self.cpu_cap <= 64:
+                raise InputError(f"cpu cap must be in [0.01, 64] CPUs per rank, got {self.cpu_cap}")
+            if self.cpu_weight <= 0:
+                raise InputError("a cpu cap needs the job's cgroups (cpu_weight > 0)")
+        if self.device_speed is not None and not 0.01 <= self.device_speed <= 1:
+            raise InputError(f"device speed must be in [0.01, 1] (share of one CPU), got {self.device_speed}")
+        if not 1_000 <= self.cpu_period_us <= 1_000_000:
+            raise InputError(f"cpu period must be in [1000, 1000000] us, got {self.cpu_period_us}")
         if self.placement is not None:
             if len(self.placement) != lay.world_size:
                 raise InputError(f"placement has {len(self.placement)} entries for {lay.world_size} ranks")
@@ -263,6 +281,13 @@ class Testbed:
         """The cgroup holding `rank`'s process (CPU faults set its quota), if the job has cgroups."""
         return self._rank_cgroups.get(rank)
 
+    @property
+    def cpu_cap(self) -> float | None:
+        """The most CPU a healthy rank computes with (the smaller of its cgroup cap and its device
+        speed), or None when unlimited: a CPU fault's quota must be below it to slow the rank."""
+        limits = [x for x in (self.config.cpu_cap, self.config.device_speed) if x is not None]
+        return min(limits) if limits else None
+
     def cgroup_prefix(self) -> str:
         """Cgroups of this job's faults share its prefix."""
         return self.prefix
@@ -362,6 +387,8 @@ class Testbed:
 
     def start(self) -> None:
         """Create the network, write the run directory and spawn the ranks."""
+        if self.config.cpu_cap is not None and not (have_root() and cpu_controller_available()):
+            raise InputError("a cpu cap (--cpu-cap) needs root and a cgroup v1 cpu controller")
         cleanup()  # what dead testbeds left behind; live ones are untouched
         for sub in ("progress", "trace", "logs", "requests", "responses", "exits", "grads"):
             # a reused --run-dir must not feed the previous job's progress lines into this one
@@ -395,7 +422,7 @@ class Testbed:
             "torch_hook": cfg.torch_hook, "optimizer": {"lr": cfg.lr, "weight_decay": cfg.weight_decay},
             "resume_dir": resume_dir, "dump_grads_iters": cfg.dump_grads_iters,
             "repeat_data": cfg.repeat_data, "timeout_s": cfg.timeout_s,
-            "segment": seg,
+            "segment": seg, "pin_cpus": cfg.pin_cpus, "device_speed": cfg.device_speed,
         }
         (self.run_dir / "config.json").write_text(json.dumps(run_cfg, indent=1))
         if self.net is not None:
@@ -447,9 +474,12 @@ class Testbed:
         job = self._job_cgroup()
         if job is None:
             return
+        cap = self.config.cpu_cap
         for rank, proc in self.procs.items():
             cg = self._rank_cgroups.get(rank) or job.child(f"r{rank}")
             self._rank_cgroups[rank] = cg
+            if cap is not None and cg.quota() is None:  # a restart keeps a cap (or a fault's quota) in place
+                cg.set_quota(cap, period_us=self.config.cpu_period_us)
             with contextlib.suppress(Exception):
                 cg.add(proc.pid)
 

@@ -114,6 +114,12 @@ class Rank:
 
     def setup(self) -> None:
         self._say("imported")
+        if self.cfg.get("pin_cpus"):
+            # Before gloo and torch start their threads, which inherit it. Why: CFS bandwidth control
+            # charges a capped task's runtime per CPU and checks it at the scheduler tick, so a task
+            # that migrates leaves its overrun behind and gets more than its cap by a varying amount.
+            cpus = sorted(os.sched_getaffinity(0))
+            os.sched_setaffinity(0, {cpus[self.rank % len(cpus)]})
         torch.set_num_threads(1)
         with contextlib.suppress(RuntimeError):  # only possible before any inter-op work
             torch.set_num_interop_threads(1)
@@ -179,6 +185,22 @@ class Rank:
             self._p2p_seq[name] = n + 1
             self.trace.add(step, name, t0, t1, seq_id=n)
 
+    def _pace(self, t0: float, c0: float) -> None:
+        """Stretch a compute op that started at `t0` (monotonic; thread CPU time `c0`) to its CPU time /
+        the device speed: the emulated device of ``--device-speed``.
+
+        Why: ranks sharing the host's cores are not devices of their own - a rank runs faster while
+        its peers wait on a straggler. An op that takes CPU time / speed of wall time, however busy
+        the cores are (contention only stretches the part that runs, which stays shorter as long as
+        the ranks' speeds sum below the cores), runs at its device's pace whatever its peers do. A
+        CPU fault's quota below the speed then makes the op longer than that (no sleep is added).
+        """
+        speed = self.cfg.get("device_speed")
+        if speed:
+            wait = t0 + (time.thread_time() - c0) / speed - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+
     # --- one iteration ------------------------------------------------------------------------
 
     def iteration(self, it: int, snap: dict[str, Any]) -> float | None:
@@ -219,7 +241,7 @@ class Rank:
             nonlocal fwd_i
             i = fwd_i
             fwd_i += 1
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.thread_time()
             inp = data(i)[0] if self.model.first else x
             y = self.model(inp)
             if self.model.last:
@@ -229,6 +251,7 @@ class Rank:
                 y = loss / total  # the global-batch mean: same gradient however micro-batches are spread
             if stage_factor > 1.0:
                 _burn((stage_factor - 1.0) * (time.monotonic() - t0))
+            self._pace(t0, c0)
             self.trace.add(it, FWD, t0, time.monotonic(), seq_id=i, mc=0, gmc=gmc, mb_id=i)
             inflight.append((i, x, y))
             return y
@@ -237,13 +260,14 @@ class Rank:
             nonlocal bwd_i
             i, x, y = inflight.popleft()
             bwd_i += 1
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.thread_time()
             if self.model.last:
                 y.backward()
             else:
                 torch.autograd.backward(y, grad_tensors=g)
             if stage_factor > 1.0:
                 _burn((stage_factor - 1.0) * (time.monotonic() - t0))
+            self._pace(t0, c0)
             self.trace.add(it, BWD, t0, time.monotonic(), seq_id=i, mc=0, gmc=gmc, mb_id=i)
             return None if x is None else x.grad
 
@@ -330,8 +354,9 @@ class Rank:
             d = self.run_dir / "grads"
             d.mkdir(exist_ok=True)
             torch.save(torch.cat([g.reshape(-1) for g in grads]), d / f"rank{self.rank}-it{it}.pt")
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.thread_time()
         self.opt.step()
+        self._pace(t0, c0)
         self.trace.add(it, OPTIM, t0, time.monotonic())
         self.last_shape = {"seq_len": seq, "stage_factor": stage_factor}
         return sum(losses) / len(losses) if losses else None
