@@ -70,6 +70,11 @@ class Profile:
         ring_peer_step_s: the other ring member's step times in the same steps, paired row by row
             with the after-all-reduce samples (optional, shape (n_steps,)); their correlation is
             `ring_shared_jitter`.
+        ring_stagger_efficiency, ring_stagger_latency_s: one ring hop again, fitted to the collective
+            after the last member's entry when every member first computes one real step, i.e. the
+            entries are staggered by the compute jitter as in a job (optional). Early members' hops
+            proceed while the last one still computes, so this collective is shorter than the one
+            with simultaneous entries; `after_allreduce` swaps it in.
         shared_jitter: the fraction ρ of the step-to-step variance that all workers of a synchronous
             job share (the same host, the same moment), 0 = independent. The barrier's max over K
             only sees the independent part: step_w = shared + independent_w. Set by
@@ -87,6 +92,8 @@ class Profile:
     latency_s: float = 0.0
     ring_efficiency: float | None = None
     ring_latency_s: float | None = None
+    ring_stagger_efficiency: float | None = None
+    ring_stagger_latency_s: float | None = None
     update_s: float = 0.0
     accumulate_s: float = 0.0
     step_forward_s: FloatArray = field(default_factory=lambda: np.zeros((0, 0)))
@@ -173,13 +180,20 @@ class Profile:
     def after_allreduce(self) -> Profile:
         """The profile of a ring worker's steps in a job, each following a real all-reduce.
 
-        Uses the after-all-reduce samples when the profile has them, else `after_idle`.
+        Uses the after-all-reduce samples when the profile has them, else `after_idle`, and the ring
+        hop measured with compute-staggered entries when the profile has it (else the simultaneous one).
         Where the other ring member's paired steps were recorded, `shared_jitter` is set to
         `ring_shared_jitter`.
         """
+        base = self
+        if self.ring_stagger_efficiency is not None:
+            # In a job the members enter the all-reduce staggered by their compute jitter: the hop
+            # measured that way is what a step pays after its slowest worker.
+            base = replace(self, ring_efficiency=self.ring_stagger_efficiency,
+                           ring_latency_s=self.ring_stagger_latency_s)
         if not self.ring_step_forward_s.size:
-            return self.after_idle()
-        out = self._with_steps(self.ring_step_forward_s, self.ring_step_backward_s)
+            return base.after_idle()
+        out = base._with_steps(self.ring_step_forward_s, self.ring_step_backward_s)
         return replace(out, shared_jitter=self.ring_shared_jitter)
 
     @property
@@ -340,6 +354,16 @@ def parse_profile(doc: Any) -> Profile:
         if ring_eff > 1.5:
             raise InputError(f"profile: all-reduce efficiency {ring_eff} is implausible")
         ring_lat = _num(ar, "latency_s", "profile: link.allreduce", default=0.0)
+    ring_stag_eff: float | None = None
+    ring_stag_lat: float | None = None
+    stag = link.get("allreduce_staggered")
+    if stag is not None:
+        if not isinstance(stag, dict):
+            raise InputError("profile: link.allreduce_staggered must be an object")
+        ring_stag_eff = _num(stag, "efficiency", "profile: link.allreduce_staggered", positive=True)
+        if ring_stag_eff > 1.5:
+            raise InputError(f"profile: staggered all-reduce efficiency {ring_stag_eff} is implausible")
+        ring_stag_lat = _num(stag, "latency_s", "profile: link.allreduce_staggered", default=0.0)
     sharing = link.get("sharing")
     sig_down: float | None = None
     sig_up: float | None = None
@@ -379,7 +403,8 @@ def parse_profile(doc: Any) -> Profile:
         raise InputError("profile: 'overlap' must be true or false")
     meta = doc.get("meta", {})
     return Profile(layers=tuple(layers), batch_size=bs, bandwidth_bytes_per_s=bw, link_efficiency=eff,
-                   latency_s=lat, ring_efficiency=ring_eff, ring_latency_s=ring_lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
+                   latency_s=lat, ring_efficiency=ring_eff, ring_latency_s=ring_lat,
+                   ring_stagger_efficiency=ring_stag_eff, ring_stagger_latency_s=ring_stag_lat, update_s=update, accumulate_s=accumulate, step_forward_s=sf,
                    step_backward_s=sb, idle_step_forward_s=idle_f, idle_step_backward_s=idle_b,
                    net_step_forward_s=net_f, net_step_backward_s=net_b,
                    ring_step_forward_s=ring_f, ring_step_backward_s=ring_b, ring_peer_step_s=ring_peer,
@@ -418,6 +443,9 @@ def profile_to_doc(p: Profile) -> dict[str, Any]:
     }
     if p.ring_efficiency is not None:
         doc["link"]["allreduce"] = {"efficiency": p.ring_efficiency, "latency_s": p.ring_hop_latency}
+    if p.ring_stagger_efficiency is not None:
+        doc["link"]["allreduce_staggered"] = {"efficiency": p.ring_stagger_efficiency,
+                                              "latency_s": p.ring_stagger_latency_s or 0.0}
     if p.step_forward_s.size:
         doc["steps"] = {"forward_s": p.step_forward_s.tolist(), "backward_s": p.step_backward_s.tolist()}
     if p.share_sigma_down is not None and p.share_sigma_up is not None:

@@ -225,6 +225,15 @@ def _net_ring(job: dict[str, Any]) -> dict[str, Any]:
                 zip(zip(*(r["start"] for r in ranks), strict=True), zip(*(r["end"] for r in ranks), strict=True),
                     strict=True)]
         out.update(pure_s=pure, pure_median_s=statistics.median(pure))
+    if ranks and all(r.get("stagger_start") for r in ranks):
+        # Entries staggered by one real compute step each: from the last entry to the last exit, and
+        # how far the entries were spread (last entry less the mean entry, per round).
+        rows = list(zip(zip(*(r["stagger_start"] for r in ranks), strict=True),
+                        zip(*(r["stagger_end"] for r in ranks), strict=True), strict=True))
+        stag = [max(ends) - max(starts) for starts, ends in rows]
+        skew = [max(starts) - statistics.fmean(starts) for starts, _ in rows]
+        out.update(stagger_pure_s=stag, stagger_pure_median_s=statistics.median(stag),
+                   stagger_entry_skew_s=skew)
     return out
 
 
@@ -256,17 +265,22 @@ def finish_profile(doc: dict[str, Any]) -> None:
     if ring_fit is not None:
         doc["profile"]["meta"]["allreduce_2rank"] = doc["profile"]["link"]["allreduce"]
         doc["profile"]["link"]["allreduce"] = ring_fit
+    stag_fit = ring_net_fit(doc.get("net", {}).get("ring", {}), doc["profile"]["link"]["bandwidth_bytes_per_s"],
+                            key="stagger_pure_median_s")
+    if stag_fit is not None:
+        doc["profile"]["link"]["allreduce_staggered"] = stag_fit
 
 
-def ring_net_fit(net_ring: dict[str, Any], nominal: float) -> dict[str, float] | None:
+def ring_net_fit(net_ring: dict[str, Any], nominal: float, key: str = "pure_median_s") -> dict[str, float] | None:
     """One ring hop's payload rate and latency from the all-reduce microbenchmark at every K.
 
     Least squares of t(K) = 2(K−1)·M/(K·B_ring) + 2(K−1)·α_ring over the collective's own time (last
     entry to last exit, `_net_ring`), K = 2…8: the per-hop cost as gloo really pays it at each ring
     size, instead of extrapolating a 2-rank calibration (whose intercept also held entry skew).
-    None when fewer than two K were measured.
+    None when fewer than two K were measured. `key` picks the column: ``stagger_pure_median_s`` fits the
+    same hop to the rounds whose members each computed one step before entering (session 4).
     """
-    pts = [(int(k), v["bytes"], v["pure_median_s"]) for k, v in net_ring.items() if "pure_median_s" in v]
+    pts = [(int(k), v["bytes"], v[key]) for k, v in net_ring.items() if key in v]
     if len(pts) < 2:
         return None
     x = np.array([[2 * (k - 1) * m / k, 2 * (k - 1)] for k, m, _ in pts], dtype=np.float64)
@@ -338,6 +352,12 @@ def _detail(job: dict[str, Any]) -> dict[str, Any]:
             out[rank] = {"phases_mean_s": [statistics.fmean(p[i] for p in r["phases_s"]) for i in range(3)]}
             if r.get("compute_cpu_s"):
                 out[rank]["compute_cpu_median_s"] = statistics.median(r["compute_cpu_s"])
+            if "step_end_s" in r:
+                # Every step's phases and its end on the shared monotonic clock (session 4, issue #7):
+                # across the ranks of a step they give each member's entry into and exit from the
+                # all-reduce, i.e. the barrier wait and the collective after the last entry, step by step.
+                out[rank]["steps_s"] = [[round(e, 6), *(round(x, 6) for x in p)]
+                                        for e, p in zip(r["step_end_s"], r["phases_s"], strict=True)]
     return out
 
 

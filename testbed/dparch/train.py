@@ -383,6 +383,10 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
     return out
 
 
+# Rounds of the net-ring microbenchmark with compute-staggered entries (their spread needs more than 8).
+STAGGER_ROUNDS = 16
+
+
 def run_net_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
     """Network microbenchmark: all-reduces of a whole-model buffer among the members, no compute.
 
@@ -404,7 +408,25 @@ def run_net_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
             times.append(t1 - t0)
             starts.append(t0)  # one clock for all processes: the entry skew can be taken out
             ends.append(t1)
-    return {"allreduce_s": times, "start": starts, "end": ends}
+    # The same collective with the entries staggered as in a training step (session 4, issue #7): each
+    # member first computes one real step (forward, backward, flattening; no update), so the members
+    # enter with their own compute jitter and the last one with its quota spent, as in a ring job. The
+    # collective after the last entry is then what a job's step pays on top of its slowest worker.
+    stag_starts: list[float] = []
+    stag_ends: list[float] = []
+    for rnd in range(c.warmup + STAGGER_ROUNDS):
+        dist.barrier(group=c.group)
+        time.sleep(0.02)
+        tr.forward_backward()
+        flat = tr.gather_grad()
+        t0 = time.perf_counter()
+        dist.all_reduce(flat, group=c.group)
+        t1 = time.perf_counter()
+        if rnd >= c.warmup:
+            stag_starts.append(t0)
+            stag_ends.append(t1)
+    return {"allreduce_s": times, "start": starts, "end": ends, "stagger_start": stag_starts,
+            "stagger_end": stag_ends}
 
 
 def run_net_ps(c: Ctx, tr: Trainer) -> dict[str, Any]:
