@@ -72,9 +72,8 @@ class Profile:
             `ring_shared_jitter`.
         ring_stagger_efficiency, ring_stagger_latency_s: one ring hop again, fitted to the collective
             after the last member's entry when every member first computes one real step, i.e. the
-            entries are staggered by the compute jitter as in a job (optional). Early members' hops
-            proceed while the last one still computes, so this collective is shorter than the one
-            with simultaneous entries; `after_allreduce` swaps it in.
+            entries are staggered by the compute jitter as in a job (optional; a measurement kept
+            for diagnosis, `with_staggered_hop`; the models use the simultaneous hop).
         shared_jitter: the fraction ρ of the step-to-step variance that all workers of a synchronous
             job share (the same host, the same moment), 0 = independent. The barrier's max over K
             only sees the independent part: step_w = shared + independent_w. Set by
@@ -180,21 +179,26 @@ class Profile:
     def after_allreduce(self) -> Profile:
         """The profile of a ring worker's steps in a job, each following a real all-reduce.
 
-        Uses the after-all-reduce samples when the profile has them, else `after_idle`, and the ring
-        hop measured with compute-staggered entries when the profile has it (else the simultaneous one).
+        Uses the after-all-reduce samples when the profile has them, else `after_idle`.
         Where the other ring member's paired steps were recorded, `shared_jitter` is set to
         `ring_shared_jitter`.
         """
-        base = self
-        if self.ring_stagger_efficiency is not None:
-            # In a job the members enter the all-reduce staggered by their compute jitter: the hop
-            # measured that way is what a step pays after its slowest worker.
-            base = replace(self, ring_efficiency=self.ring_stagger_efficiency,
-                           ring_latency_s=self.ring_stagger_latency_s)
         if not self.ring_step_forward_s.size:
-            return base.after_idle()
-        out = base._with_steps(self.ring_step_forward_s, self.ring_step_backward_s)
+            return self.after_idle()
+        out = self._with_steps(self.ring_step_forward_s, self.ring_step_backward_s)
         return replace(out, shared_jitter=self.ring_shared_jitter)
+
+    def with_staggered_hop(self) -> Profile:
+        """The same profile with the ring hop measured with compute-staggered entries (a what-if).
+
+        Not used by `predict`: on the session-4 holds the collective after the last entry was not
+        shorter with staggered entries than with simultaneous ones (docs/predict.md, issue #7), so the
+        hypothesis that made it the ring's hop in a job did not hold. Without the measurement, the profile.
+        """
+        if self.ring_stagger_efficiency is None:
+            return self
+        return replace(self, ring_efficiency=self.ring_stagger_efficiency,
+                       ring_latency_s=self.ring_stagger_latency_s)
 
     @property
     def ring_shared_jitter(self) -> float:

@@ -78,31 +78,26 @@ def test_staggered_hop_round_trips_and_bad_values_are_input_errors() -> None:
         parse_profile(doc)
 
 
-def test_ring_in_a_job_pays_the_staggered_hop_and_a_lone_worker_nothing() -> None:
+def test_staggered_hop_is_a_what_if_and_predict_keeps_the_simultaneous_one() -> None:
+    # The session-4 holds did not show a shorter collective with staggered entries, so `predict` does
+    # not use the measurement: a profile with it predicts exactly as one without.
     plain = _ring_profile()
     stag = _ring_profile(ring_stagger_efficiency=1.0, ring_stagger_latency_s=0.001)
-    for k in (2, 4, 8):
-        t_plain = ring_step_time(plain.after_allreduce(), k)
-        t_stag = ring_step_time(stag.after_allreduce(), k)
-        saved = 2 * (k - 1) * (M_of(plain) / (k * 10e6 * 0.9) + 0.003 - M_of(plain) / (k * 10e6) - 0.001)
-        assert t_plain - t_stag == pytest.approx(saved, rel=1e-9)
-    for model in ("coarse", "fine"):
-        a = predict(plain, [1, 2, 8], arch="ring", model=model, steps=60)
-        b = predict(stag, [1, 2, 8], arch="ring", model=model, steps=60)
-        assert a.throughput[1] == b.throughput[1]  # K = 1 has no collective
-        assert b.throughput[8] > a.throughput[8]
-
-
-def test_staggered_hop_equal_to_the_simultaneous_one_changes_nothing() -> None:
-    # Entries that the compute did not stagger measure the same hop: today's formula exactly.
-    plain = _ring_profile()
-    same = _ring_profile(ring_stagger_efficiency=0.9, ring_stagger_latency_s=0.003)
     for model in ("coarse", "fine"):
         a = predict(plain, list(range(1, 9)), arch="ring", model=model, steps=60)
-        b = predict(same, list(range(1, 9)), arch="ring", model=model, steps=60)
+        b = predict(stag, list(range(1, 9)), arch="ring", model=model, steps=60)
         assert a.throughput == b.throughput
-    # Deterministic steps: T = T_F + T_B + u + 2(K−1)(M/(K·B_stag) + α_stag).
-    det = replace(make_profile(), ring_stagger_efficiency=1.0, ring_stagger_latency_s=0.001)
+    # The what-if swaps the hop in: K = 1 has no collective, K > 1 pays 2(K−1)(M/(K·B_stag) + α_stag).
+    what_if = stag.with_staggered_hop()
+    assert plain.with_staggered_hop() is plain
+    for k in (2, 4, 8):
+        t_plain = ring_step_time(plain.after_allreduce(), k)
+        t_stag = ring_step_time(what_if.after_allreduce(), k)
+        saved = 2 * (k - 1) * (M_of(plain) / (k * 10e6 * 0.9) + 0.003 - M_of(plain) / (k * 10e6) - 0.001)
+        assert t_plain - t_stag == pytest.approx(saved, rel=1e-9)
+    assert ring_step_time(what_if.after_allreduce(), 1) == ring_step_time(plain.after_allreduce(), 1)
+    # Deterministic steps: T = T_F + T_B + u + 2(K−1)(M/(K·B) + α), whichever hop is swapped in.
+    det = replace(make_profile(), ring_stagger_efficiency=1.0, ring_stagger_latency_s=0.001).with_staggered_hop()
     k = 4
     want = det.forward_s.sum() + det.backward_s.sum() + det.update_s + 2 * (k - 1) * (M_of(det) / (k * 10e6) + 0.001)
     assert ring_step_time(det.after_allreduce(), k) == pytest.approx(want, rel=1e-12)
