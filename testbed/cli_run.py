@@ -38,8 +38,10 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     c = p.add_argument_group("CPU caps (dedicated-device emulation; needs root)")
     c.add_argument("--cpu-cap", type=float, default=None, metavar="CPUS",
                    help="cap every rank at CPUS CPUs (cgroup quota), e.g. 0.4 for 4 ranks on 2 cores: with the "
-                        "caps summing below the cores each rank runs as on its own device; cpu faults then "
-                        "lower one rank's cap (their quota must be below CPUS). Default: uncapped")
+                        "caps summing below the cores no rank can take another's share (CFS credit after idle "
+                        "still lets a rank run ahead for a while: --device-speed is the steadier emulation of "
+                        "a device of its own); cpu faults then lower one rank's cap (their quota must be "
+                        "below CPUS). Default: uncapped")
     c.add_argument("--cpu-period-us", type=int, default=100_000, metavar="US",
                    help="CFS period of the rank cgroups for the cap and cpu faults (default 100000; 10000 "
                         "throttles in finer steps)")
