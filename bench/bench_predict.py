@@ -59,6 +59,7 @@ S4_HOLDS = [(ROOT / "docs" / "data" / f, status) for f, status in (
     ("predict-measured-8-ring-2.json", "out of sample"),
     ("predict-measured-8-ring-3.json", "out of sample"),
     ("predict-measured-8-ring-4.json", "out of sample"),
+    ("predict-measured-8-ring-5.json", "out of sample"),
 )]
 # Session 1's sweeps (old protocol: unpinned, 8-14 steps per run, back-to-back profile), re-predicted
 # with today's models for comparison.
