@@ -140,14 +140,7 @@ def shared_jitter_section(main: dict[str, Any]) -> list[str]:
         runs_rho = [parse_profile(x).ring_shared_jitter for x in d.get("profiles", [])
                     if "ring_peer_step_s" in x.get("steps", {})]
         h = d.get("host") or next((pt["host"] for pt in d.get("parts", []) if "ring" in pt["archs"]), {})
-        cells = []
-        errs = {}
-        for model in MODELS:
-            for shared in (False, True):
-                e = _ring_errors(d, model, shared)
-                errs[(model, shared)] = e
-                a = np.abs(e)
-                cells.append(f"{100 * a.mean():.1f}% / {100 * a.max():.1f}%")
+        errs, cells = _error_grid(d, _ring_errors)
         rho = (f"{prof.ring_shared_jitter:.2f} (" + ", ".join(f"{r:.2f}" for r in runs_rho) + ")") if runs_rho else "–"
         lines.append(f"| {name} | {100 * h.get('busy', 0):.0f}% | {rho} | " + " | ".join(cells) + f" | {status} |")
         if status == "out of sample":
@@ -160,6 +153,19 @@ def shared_jitter_section(main: dict[str, Any]) -> list[str]:
                   "| hold | model | barrier max | " + " | ".join(f"K={k}" for k in range(1, 9)) + " |",
                   "|---|---|---|" + "---|" * 8, *per_k]
     return lines
+
+
+def _error_grid(doc: dict[str, Any], errors: Callable[[dict[str, Any], str, bool], list[float]]
+                ) -> tuple[dict[tuple[str, bool], list[float]], list[str]]:
+    """Per-K errors of a hold for every model without / with a variant, and their "mean / max" cells."""
+    errs: dict[tuple[str, bool], list[float]] = {}
+    cells: list[str] = []
+    for model in MODELS:
+        for variant in (False, True):
+            e = errs[(model, variant)] = errors(doc, model, variant)
+            a = np.abs(e)
+            cells.append(f"{100 * a.mean():.1f}% / {100 * a.max():.1f}%")
+    return errs, cells
 
 
 def _ring_errors_hop(doc: dict[str, Any], model: str, staggered: bool) -> list[float]:
@@ -223,14 +229,7 @@ def stagger_section() -> list[str]:
         h = d.get("host", {})
         if h.get("steal", 0) > STEAL_LIMIT:
             status = f"{status}; discarded: steal {100 * h['steal']:.1f}% > {100 * STEAL_LIMIT:.0f}%"
-        cells = []
-        errs = {}
-        for model in MODELS:
-            for stag in (False, True):
-                e = _ring_errors_hop(d, model, stag)
-                errs[(model, stag)] = e
-                a = np.abs(e)
-                cells.append(f"{100 * a.mean():.1f}% / {100 * a.max():.1f}%")
+        errs, cells = _error_grid(d, _ring_errors_hop)
         lines.append(f"| `{f.stem}` | {d.get('started', '?')[11:16]} | {100 * h.get('busy', 0):.0f}% / "
                      f"{100 * h.get('steal', 0):.1f}% | {status} | " + " | ".join(cells) + " |")
         for model in MODELS:

@@ -307,6 +307,19 @@ def _vector(v: Any, what: str) -> FloatArray:
     return a
 
 
+def _ring_hop(link: dict[str, Any], key: str, what: str) -> tuple[float | None, float | None]:
+    """One ring hop's (efficiency, latency_s) from ``link[key]``, or (None, None) when absent."""
+    hop = link.get(key)
+    if hop is None:
+        return None, None
+    if not isinstance(hop, dict):
+        raise InputError(f"profile: link.{key} must be an object")
+    eff = _num(hop, "efficiency", f"profile: link.{key}", positive=True)
+    if eff > 1.5:
+        raise InputError(f"profile: {what} efficiency {eff} is implausible")
+    return eff, _num(hop, "latency_s", f"profile: link.{key}", default=0.0)
+
+
 def parse_profile(doc: Any) -> Profile:
     """Validate a decoded profile document and build a `Profile`.
 
@@ -348,26 +361,8 @@ def parse_profile(doc: Any) -> Profile:
     if eff > 1.5:
         raise InputError(f"profile: link efficiency {eff} is implausible (payload rate over nominal rate)")
     lat = _num(link, "latency_s", "profile: link", default=0.0)
-    ar = link.get("allreduce")
-    ring_eff: float | None = None
-    ring_lat: float | None = None
-    if ar is not None:
-        if not isinstance(ar, dict):
-            raise InputError("profile: link.allreduce must be an object")
-        ring_eff = _num(ar, "efficiency", "profile: link.allreduce", positive=True)
-        if ring_eff > 1.5:
-            raise InputError(f"profile: all-reduce efficiency {ring_eff} is implausible")
-        ring_lat = _num(ar, "latency_s", "profile: link.allreduce", default=0.0)
-    ring_stag_eff: float | None = None
-    ring_stag_lat: float | None = None
-    stag = link.get("allreduce_staggered")
-    if stag is not None:
-        if not isinstance(stag, dict):
-            raise InputError("profile: link.allreduce_staggered must be an object")
-        ring_stag_eff = _num(stag, "efficiency", "profile: link.allreduce_staggered", positive=True)
-        if ring_stag_eff > 1.5:
-            raise InputError(f"profile: staggered all-reduce efficiency {ring_stag_eff} is implausible")
-        ring_stag_lat = _num(stag, "latency_s", "profile: link.allreduce_staggered", default=0.0)
+    ring_eff, ring_lat = _ring_hop(link, "allreduce", "all-reduce")
+    ring_stag_eff, ring_stag_lat = _ring_hop(link, "allreduce_staggered", "staggered all-reduce")
     sharing = link.get("sharing")
     sig_down: float | None = None
     sig_up: float | None = None

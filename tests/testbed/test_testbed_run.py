@@ -279,3 +279,50 @@ def test_checkpoint_restart_new_placement_over_file_protocol(tmp_path: Path) -> 
     assert rep2["iterations"]["0"] == list(range(resumed, resumed + 3))
     # it continues the trained model: its first loss is near the original job's loss there, far below the start
     assert abs(rep2["losses"][0] - rep["losses"][resumed]) < 0.5 < rep["losses"][0] - rep2["losses"][0]
+
+
+def _allowed_cpus(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError(f"no Cpus_allowed_list for {pid}")
+
+
+def test_capped_job_fault_restores_the_base_cap_and_cleanup_removes_the_cgroups(tmp_path: Path) -> None:
+    assert os.geteuid() == 0, "the CPU cap needs root (cgroup v1 cpu controller)"
+    cfg = JobConfig(dp=2, pp=1, iterations=14, micro_batches=2, cpu_cap=0.45, cpu_period_us=10_000,
+                    pin_cpus=True, device_speed=0.45)
+    seen: dict[str, object] = {}
+    with Testbed(cfg, run_dir=tmp_path / "run") as tb:
+        tb.start()
+        _wait_until(tb, 3)
+        cgs = [tb.rank_cgroup(r) for r in range(2)]
+        assert all(cg is not None for cg in cgs)
+        seen["quotas"] = [cg.quota() for cg in cgs if cg is not None]
+        seen["periods"] = [int((cg.path / "cpu.cfs_period_us").read_text()) for cg in cgs if cg is not None]
+        seen["in_cgroup"] = [tb.procs[r].pid in cg.pids() for r, cg in enumerate(cgs) if cg is not None]
+        seen["threads"] = [len(os.listdir(f"/proc/{tb.procs[r].pid}/task")) for r in range(2)]
+        seen["cpus"] = [{_allowed_cpus(int(t)) for t in os.listdir(f"/proc/{tb.procs[r].pid}/task")}
+                        for r in range(2)]
+        fault = tb.inject("cpu:rank=1,quota=0.2")
+        cg1 = cgs[1]
+        assert cg1 is not None
+        seen["on"] = (cg1.quota(), int((cg1.path / "cpu.cfs_period_us").read_text()))
+        _wait_until(tb, tb.completed() + 2)
+        tb.remove(fault)
+        seen["off"] = cg1.quota()
+        seen["other"] = cgs[0].quota() if cgs[0] is not None else None
+        paths = [cg.path for cg in cgs if cg is not None]
+        rep = tb.wait()
+    assert seen["quotas"] == [0.45, 0.45] and seen["periods"] == [10_000, 10_000]
+    assert seen["in_cgroup"] == [True, True]
+    # every thread of a rank (gloo's included) on one CPU, rank by rank round-robin
+    usable = sorted(os.sched_getaffinity(0))
+    assert seen["cpus"] == [{str(usable[r % len(usable)])} for r in range(2)], seen["cpus"]
+    assert all(n > 1 for n in seen["threads"])  # the check above covered more than the main thread
+    assert seen["on"] == (0.2, 10_000)
+    assert seen["off"] == 0.45 and seen["other"] == 0.45  # the base cap back, not unlimited
+    assert [f["kind"] for f in rep["faults"]] == ["cpu"]
+    assert all(len(v) == 14 for v in rep["iteration_time_s"].values())
+    assert not any(p.exists() for p in paths)
+    assert leftovers(rep["prefix"]) == {"namespaces": [], "cgroups": [], "processes": []}

@@ -3,34 +3,17 @@ bench's validation protocol): the estimate against the slowdown measured in the 
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from failslow.whatif import analyze, read_trace
+from failslow.whatif import analyze
 from failslow.whatif.model import build_model
 from failslow.whatif.trace import OPTYPE_CODE, select_steps
 
-DATA = Path(__file__).parent / "data"
-
 
 @pytest.fixture(scope="module")
-def recorded() -> tuple[dict, object]:
-    doc = json.loads((DATA / "tbcpu.json").read_text())
-    return doc, read_trace(DATA / "trace-tbcpu.parquet")
-
-
-def _measured(doc: dict) -> float:
-    """Mean iteration time (testbed report) of the faulty / healthy iterations, the first of each
-    stretch left out as in the bench (it carries the switch)."""
-    its = doc["iteration_time_s"]
-
-    def mean(steps: list[int]) -> float:
-        return float(np.mean([[its[r][str(s)] for s in steps] for r in its]))
-
-    return mean(doc["measured_faulty_steps"]) / mean(doc["measured_healthy_steps"])
+def recorded(recorded_run) -> tuple[dict, object]:
+    return recorded_run("tbcpu")
 
 
 def test_trace_carries_step_overhead_and_model_chunks(recorded) -> None:
@@ -53,9 +36,9 @@ def test_a_send_blocked_on_the_slow_rank_holds_back_the_all_reduce(recorded) -> 
     assert float(np.median(m.delay[ar, 1])) < 0.005
 
 
-def test_estimate_within_5_percent_of_the_measured_slowdown(recorded) -> None:
+def test_estimate_within_5_percent_of_the_measured_slowdown(recorded, measured_slowdown) -> None:
     doc, tr = recorded
-    measured = _measured(doc)
+    measured = measured_slowdown(doc)
     assert 1.7 < measured < 2.3  # the recorded fault really slowed the job
     r = analyze(select_steps(tr, 0, doc["faulty_steps"]), ideal="median", continuous=True,
                 host_cpus=doc["host_cpus"])
@@ -70,9 +53,10 @@ def test_estimate_within_5_percent_of_the_measured_slowdown(recorded) -> None:
     assert dedicated / measured - 1 > 0.10
 
 
-def test_healthy_and_faulty_replays_reproduce_the_measured_ratio(recorded) -> None:
-    doc, tr = recorded
+@pytest.mark.parametrize("run", ["tbcpu", "tbdev"])  # shared cores; dedicated-device emulation
+def test_healthy_and_faulty_replays_reproduce_the_measured_ratio(run: str, recorded_run, measured_slowdown) -> None:
+    doc, tr = recorded_run(run)
     f = analyze(select_steps(tr, 0, doc["faulty_steps"]), ideal="median", continuous=True, max_sim_error=1e-6)
     h = analyze(select_steps(tr, 0, doc["healthy_steps"]), ideal="median", continuous=True, max_sim_error=1e-6)
     replay_ratio = f.T / h.T
-    assert replay_ratio == pytest.approx(_measured(doc), rel=0.03)
+    assert replay_ratio == pytest.approx(measured_slowdown(doc), rel=0.03)

@@ -4,33 +4,16 @@ against the slowdown measured in the same run, and the property the emulation is
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-from failslow.whatif import analyze, read_trace
+from failslow.whatif import analyze
 from failslow.whatif.trace import OPTYPE_CODE, select_steps
-
-DATA = Path(__file__).parent / "data"
 
 
 @pytest.fixture(scope="module")
-def recorded() -> tuple[dict, object]:
-    doc = json.loads((DATA / "tbdev.json").read_text())
-    return doc, read_trace(DATA / "trace-tbdev.parquet")
-
-
-def _measured(doc: dict) -> float:
-    """Faulty / healthy mean iteration time from the testbed report, the first iteration of each
-    stretch left out as in the bench."""
-    its = doc["iteration_time_s"]
-
-    def mean(steps: list[int]) -> float:
-        return float(np.mean([[its[r][str(s)] for s in steps] for r in its]))
-
-    return mean(doc["measured_faulty_steps"]) / mean(doc["measured_healthy_steps"])
+def recorded(recorded_run) -> tuple[dict, object]:
+    return recorded_run("tbdev")
 
 
 def test_healthy_ranks_compute_at_their_own_pace_while_the_straggler_holds_them(recorded) -> None:
@@ -48,18 +31,10 @@ def test_healthy_ranks_compute_at_their_own_pace_while_the_straggler_holds_them(
         assert tr.duration[m & faulty].mean() > 2 * tr.duration[m & healthy].mean()  # the straggler
 
 
-def test_dedicated_estimate_within_5_percent_of_the_measured_slowdown(recorded) -> None:
+def test_dedicated_estimate_within_5_percent_of_the_measured_slowdown(recorded, measured_slowdown) -> None:
     doc, tr = recorded
-    measured = _measured(doc)
+    measured = measured_slowdown(doc)
     assert 1.8 < measured < 2.5  # the recorded fault really slowed the job
     r = analyze(select_steps(tr, 0, doc["faulty_steps"]), ideal="median", continuous=True)
     assert r.M_W_workers[0] == (1, 0) and r.root_cause.verdict == "individual_worker"
     assert abs((r.T / r.T_fix_top) / measured - 1) <= 0.05
-
-
-def test_healthy_and_faulty_replays_reproduce_the_measured_ratio(recorded) -> None:
-    doc, tr = recorded
-    f = analyze(select_steps(tr, 0, doc["faulty_steps"]), ideal="median", continuous=True, max_sim_error=1e-6)
-    h = analyze(select_steps(tr, 0, doc["healthy_steps"]), ideal="median", continuous=True, max_sim_error=1e-6)
-    replay_ratio = f.T / h.T
-    assert replay_ratio == pytest.approx(_measured(doc), rel=0.03)
