@@ -5,7 +5,8 @@ docs/predict.md and the accuracy table in docs/BENCHMARKS.md are built from (K =
 ps-sync, ps-async; about 15 minutes on the 2-core box). It is deliberately not part of `make test`.
 Every (architecture, K) is measured `--repeats` times in shuffled order and the median kept; the
 profile is taken before the first and after every repetition and merged, so load from neighbours on
-the shared machine shows up in the profile and in random runs rather than in a block of K.
+the shared machine shows up in the profile and in random runs rather than in a block of K. The ring's
+network microbenchmark is run in slices at the same points (since session 4), its rounds pooled per K.
 """
 
 from __future__ import annotations
@@ -121,10 +122,14 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
     prof = replace(base, arch="profile", workers=1, steps=PROFILE_STEPS, warmup=3)
     rng = random.Random(seed)
     specs = [prof] if profile else []
+    # The ring's network alone, per K (see `testbed.dparch.train.run_net_ring`): before the training
+    # runs and again after every repetition, rounds pooled per K. Like the profile, so the hop cost is
+    # read over the same minutes as the runs it predicts; one 8-round slice per hold left the K = 8
+    # median anywhere between 114 and 209 ms from hold to hold (session 4).
+    net_ring = [replace(base, arch="net-ring", workers=k, steps=NET_ROUNDS, warmup=2)
+                for k in workers if k > 1] if net and "ring" in archs else []
     if net:
-        # The network alone, once per K, before the training runs (see `testbed.dparch.train.run_net_*`).
-        if "ring" in archs:
-            specs += [replace(base, arch="net-ring", workers=k, steps=NET_ROUNDS, warmup=2) for k in workers if k > 1]
+        specs += net_ring
         if any(a.startswith("ps") for a in archs):
             specs += [replace(base, arch="net-ps", workers=k, steps=NET_ROUNDS, warmup=2) for k in workers]
     lite = replace(base, arch="profile-lite", workers=1, steps=LITE_STEPS, warmup=2)
@@ -142,6 +147,7 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
             specs.append(lite)
         if profile:
             specs.append(prof)
+        specs += net_ring
     t = time.monotonic()
     doc["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     cpu0 = _proc_stat()
@@ -166,7 +172,8 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
             doc["profiles"].append(profile_doc(job))
             continue
         if spec.arch == "net-ring":
-            doc.setdefault("net", {}).setdefault("ring", {})[str(spec.workers)] = _net_ring(job)
+            ring = doc.setdefault("net", {}).setdefault("ring", {})
+            ring[str(spec.workers)] = pool_net_ring(ring.get(str(spec.workers)), _net_ring(job))
             continue
         if spec.arch == "net-ps":
             doc.setdefault("net", {}).setdefault("ps", {})[str(spec.workers)] = _net_ps(job)
@@ -234,6 +241,26 @@ def _net_ring(job: dict[str, Any]) -> dict[str, Any]:
         skew = [max(starts) - statistics.fmean(starts) for starts, _ in rows]
         out.update(stagger_pure_s=stag, stagger_pure_median_s=statistics.median(stag),
                    stagger_entry_skew_s=skew)
+    return out
+
+
+def pool_net_ring(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """One K's all-reduce microbenchmark slices (`_net_ring`) as one table: rounds appended, medians
+    over all of them; ``slices`` counts the slices pooled."""
+    if old is None:
+        return {**new, "slices": 1}
+    out = {**old, "slices": old.get("slices", 1) + 1}
+    for col in ("allreduce_s", "pure_s", "stagger_pure_s", "stagger_entry_skew_s"):
+        if col in old and col in new:
+            out[col] = old[col] + new[col]
+        else:
+            out.pop(col, None)
+    for col, med in (("allreduce_s", "median_s"), ("pure_s", "pure_median_s"),
+                     ("stagger_pure_s", "stagger_pure_median_s")):
+        if col in out:
+            out[med] = statistics.median(out[col])
+        else:
+            out.pop(med, None)
     return out
 
 

@@ -14,6 +14,7 @@ from testbed.dparch.measure import (
     _proc_stat,
     combine,
     merge_profiles,
+    pool_net_ring,
     ring_net_fit,
 )
 from testbed.dparch.run import RunError, profile_doc, whole_steps
@@ -103,6 +104,21 @@ def test_ring_microbenchmark_takes_out_entry_skew_and_fits_one_hop() -> None:
     assert fit["efficiency"] == pytest.approx(0.8)
     assert fit["latency_s"] == pytest.approx(alpha)
     assert ring_net_fit({"2": table["2"]}, 25e6) is None
+
+
+def test_ring_microbenchmark_slices_pool_their_rounds() -> None:
+    # Two slices of one K, the second with a slow round: medians over all rounds, not of the slices.
+    first = _net_ring(_job("net-ring", 2, {"0": {"allreduce_s": [0.05, 0.06], "start": [1.0, 2.0], "end": [1.05, 2.06]},
+                                           "1": {"allreduce_s": [0.05, 0.06], "start": [1.0, 2.0], "end": [1.05, 2.06]}}))
+    second = _net_ring(_job("net-ring", 2, {"0": {"allreduce_s": [0.07, 0.30], "start": [3.0, 4.0], "end": [3.07, 4.3]},
+                                            "1": {"allreduce_s": [0.07, 0.30], "start": [3.0, 4.0], "end": [3.07, 4.3]}}))
+    one = pool_net_ring(None, first)
+    assert one["slices"] == 1 and one["pure_median_s"] == pytest.approx(0.055)
+    both = pool_net_ring(one, second)
+    assert both["slices"] == 2
+    assert both["pure_s"] == pytest.approx([0.05, 0.06, 0.07, 0.30])
+    assert both["pure_median_s"] == pytest.approx(0.065) and both["median_s"] == pytest.approx(0.065)
+    assert first["pure_s"] == pytest.approx([0.05, 0.06])  # the slices are left as they were
 
 
 def test_whole_steps_put_every_stall_of_a_step_into_its_layers() -> None:
