@@ -125,6 +125,13 @@ class CpuCgroup:
         """Remove the cap (quota -1)."""
         self._write("cpu.cfs_quota_us", -1)
 
+    def period_us(self) -> int:
+        """The CFS period the cgroup runs with now (its quota is counted per period)."""
+        try:
+            return int((self.path / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError) as exc:
+            raise CgroupError(f"cannot read the CFS period of {self.path}: {exc}") from exc
+
     def quota(self) -> float | None:
         """The cap in CPUs, or None when unlimited."""
         q = int((self.path / "cpu.cfs_quota_us").read_text())

@@ -42,7 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from failslow.errors import InputError
-from testbed.cgroup import CgroupError, CpuCgroup
+from testbed.cgroup import CpuCgroup
 from testbed.netns import clear_rate, parse_rate, set_rate
 
 
@@ -201,6 +201,15 @@ class LinkFault(Fault):
             clear_rate(ns, dev)
 
 
+def _check_below_cap(target: object, quota: float, what: str, who: str = "the rank") -> None:
+    """A CPU fault's quota must be below a capped target's base cap (``cpu_cap``): at or above it the
+    "fault" would not slow the rank down."""
+    cap = getattr(target, "cpu_cap", None)
+    if cap is not None and quota >= cap:
+        raise InputError(f"{what} quota {quota} CPUs is not below the ranks' base cap of {cap} CPUs "
+                         f"(--cpu-cap / --device-speed): it would not slow {who} down")
+
+
 @dataclass
 class CpuFault(Fault):
     """CPU quota (in CPUs) on one rank's process via a cgroup v1 cpu cgroup.
@@ -225,10 +234,7 @@ class CpuFault(Fault):
 
     def validate(self, target: FaultTarget) -> None:
         _range_check("rank", self.rank, target.world_size, "ranks")
-        cap = getattr(target, "cpu_cap", None)
-        if cap is not None and self.quota >= cap:
-            raise InputError(f"cpu fault quota {self.quota} CPUs is not below the ranks' base cap of {cap} CPUs "
-                             f"(--cpu-cap / --device-speed): it would not slow rank {self.rank} down")
+        _check_below_cap(target, self.quota, "cpu fault", f"rank {self.rank}")
 
     def _apply(self) -> None:
         env = self._env()
@@ -239,7 +245,7 @@ class CpuFault(Fault):
         if cg_existing is not None:
             # the period of the base cap, so that the fault only changes the share of it
             self._before = cg_existing.quota()
-            cg_existing.set_quota(self.quota, period_us=_period_us(cg_existing))
+            cg_existing.set_quota(self.quota, period_us=cg_existing.period_us())
             self._shared = cg_existing
             return
         cg = CpuCgroup.create(f"r{self.rank}-{len(self.episodes)}", prefix=env.cgroup_prefix())
@@ -257,19 +263,11 @@ class CpuFault(Fault):
             if self._before is None:
                 self._shared.clear_quota()
             else:
-                self._shared.set_quota(self._before, period_us=_period_us(self._shared))
+                self._shared.set_quota(self._before, period_us=self._shared.period_us())
             self._shared, self._before = None, None
         if self._cg is not None:
             self._cg.destroy()
             self._cg = None
-
-
-def _period_us(cg: CpuCgroup) -> int:
-    """The CFS period a cgroup runs with now (its quota is counted per period)."""
-    try:
-        return int((cg.path / "cpu.cfs_period_us").read_text())
-    except (OSError, ValueError) as exc:
-        raise CgroupError(f"cannot read the CFS period of {cg.path}: {exc}") from exc
 
 
 @dataclass
@@ -386,10 +384,8 @@ class PoissonFault(Fault):
     def validate(self, target: FaultTarget) -> None:
         if "link" in self.kinds and not target.link_devices(0):
             raise InputError("poisson with kinds=link needs link faults, unavailable on loopback")
-        cap = getattr(target, "cpu_cap", None)
-        if "cpu" in self.kinds and cap is not None and self.quota >= cap:
-            raise InputError(f"poisson cpu quota {self.quota} CPUs is not below the ranks' base cap of {cap} CPUs "
-                             "(--cpu-cap / --device-speed)")
+        if "cpu" in self.kinds:
+            _check_below_cap(target, self.quota, "poisson cpu")
 
     def _loop(self) -> None:
         rng = random.Random(self.seed)

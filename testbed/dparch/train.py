@@ -232,6 +232,20 @@ def run_ps_async(c: Ctx, tr: Trainer) -> dict[str, Any]:
     return {"updates": updates}
 
 
+def _ring_step(tr: Trainer, c: Ctx) -> tuple[list[float], list[float], float]:
+    """One step of a 2-member ring job as the runs execute it: compute, all-reduce the gradient with the
+    other member, apply the mean. Returns the per-layer forward and backward times and the step's wall
+    time less the collective (compute phase + update)."""
+    w0 = time.perf_counter()
+    f, b = tr.forward_backward(timing=True)
+    flat = tr.gather_grad()
+    w1 = time.perf_counter()
+    dist.all_reduce(flat, group=c.group)
+    w2 = time.perf_counter()
+    tr.apply_flat_grad(flat, 0.5)
+    return f, b, (w1 - w0) + (time.perf_counter() - w2)
+
+
 def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
     """First member: per-layer single-worker profile, then link calibration against the second."""
     out: dict[str, Any] = {}
@@ -306,17 +320,11 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
         ar_b: list[list[float]] = []
         ar_w: list[float] = []
         for i in range(c.total):
-            w0 = time.perf_counter()
-            f, b = tr.forward_backward(timing=True)
-            flat = tr.gather_grad()
-            w1 = time.perf_counter()
-            dist.all_reduce(flat, group=c.group)
-            w2 = time.perf_counter()
-            tr.apply_flat_grad(flat, 0.5)
+            f, b, wall = _ring_step(tr, c)
             if i >= c.warmup:
                 ar_f.append(f)
                 ar_b.append(b)
-                ar_w.append((w1 - w0) + (time.perf_counter() - w2))
+                ar_w.append(wall)
         out.update(idle_forward_s=idle_f, idle_backward_s=idle_b, idle_step_wall_s=idle_w,
                    net_forward_s=net_f, net_backward_s=net_b, net_step_wall_s=net_w,
                    ring_forward_s=ar_f, ring_backward_s=ar_b, ring_step_wall_s=ar_w)
@@ -335,15 +343,9 @@ def run_profile(c: Ctx, tr: Trainer) -> dict[str, Any]:
         # paired: how much of their step-to-step jitter is shared is what the max over K must know.
         peer_w: list[float] = []
         for i in range(c.total):
-            w0 = time.perf_counter()
-            tr.forward_backward(timing=True)
-            flat = tr.gather_grad()
-            w1 = time.perf_counter()
-            dist.all_reduce(flat, group=c.group)
-            w2 = time.perf_counter()
-            tr.apply_flat_grad(flat, 0.5)
+            wall = _ring_step(tr, c)[2]
             if i >= c.warmup:
-                peer_w.append((w1 - w0) + (time.perf_counter() - w2))
+                peer_w.append(wall)
         out["ring_peer_step_wall_s"] = peer_w
     dist.barrier(group=c.group)
     if not c.calibrate:
