@@ -24,6 +24,9 @@ from failslow.verify import VerifyConfig
 
 Key = tuple[str, str]  # (job, rank)
 TIME_RING = 1024  # poll times kept to turn sample indices into timestamps
+SNAPSHOT_FORMAT = 2
+"""Layout of the snapshot; 2: the verification history keeps observed samples only (with their times).
+A snapshot of another format is not resumed from: the detectors start afresh (the events survive)."""
 
 
 @dataclass
@@ -242,16 +245,18 @@ class Engine:
             arrays = {k: np.asarray(v) for k, v in self._det.state_dict().items()}
         arrays["engine.times"] = self.times
         arrays["engine.last"] = self.last
-        meta = {"method": self.method, "dtype": self.dtype, "threshold": self.threshold, "t": self.t,
+        meta = {"format": SNAPSHOT_FORMAT, "method": self.method, "dtype": self.dtype,
+                "threshold": self.threshold, "t": self.t,
                 "keys": [list(k) for k in self.keys],
                 "labels": [[k[0], k[1], v] for k, v in self.labels.items()],
                 "jobs": {j: e.to_json() for j, e in self.jobs.items()}}
         return arrays, meta
 
     def restore(self, arrays: dict[str, np.ndarray], meta: dict[str, Any]) -> bool:
-        """Resume from :meth:`snapshot`; False (and nothing changed) if it was taken with other settings."""
-        if (meta.get("method"), meta.get("dtype"), meta.get("threshold")) != (self.method, self.dtype,
-                                                                               self.threshold):
+        """Resume from :meth:`snapshot`; False (and nothing changed) if it was taken with other settings
+        or by a version that laid the detector state out differently."""
+        if (meta.get("format"), meta.get("method"), meta.get("dtype"), meta.get("threshold")) != (
+                SNAPSHOT_FORMAT, self.method, self.dtype, self.threshold):
             return False
         keys = [(str(a), str(b)) for a, b in meta["keys"]]
         self.keys, self.index = [], {}

@@ -153,10 +153,10 @@ class Detector:
         for k in self._new:
             self._fresh_at[k] = now
             self._job_seen[k[0]] = now
-        # Nothing new anywhere (Prometheus restarting, the exporter away): no step, rather than a column
-        # of missing samples that would push the real ones out of the verification windows.
+        # Nothing new anywhere (Prometheus restarting: empty answers, then the old samples again; the
+        # exporters away): no step. A step would only age every series' history by one missing sample.
         fresh = any(v == v for v in samples.values())
-        changes = self.engine.step(now, samples, labels, sample_ts) if fresh or not samples else []
+        changes = self.engine.step(now, samples, labels, sample_ts) if fresh else []
         for ch in changes:
             self._on_change(ch)
         for ev in self.engine.jobs.values():

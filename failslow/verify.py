@@ -13,8 +13,9 @@ What it is for: turning BOCD's run-length posterior into change points a human s
   samples arrive, up to ``n_max`` samples after it, then dropped.
 
 Why this survives real jobs: a checkpoint or evaluation spike every N iterations makes BOCD restart, but
-a median over at least ``n_min`` samples ignores a lone spike; missing samples are NaN in the history and
-ignored by the medians; warm-up shows up as a downward change (a speed-up), which never opens a fail-slow
+a median over at least ``n_min`` samples ignores a lone spike; missing samples take no room in the history
+(the windows are the last observed samples, so a gap of any length leaves the regime before it to compare
+with); warm-up shows up as a downward change (a speed-up), which never opens a fail-slow
 event; slow drift never moves the median of the next few samples 10 % away from that of the previous
 ones.
 """
@@ -77,40 +78,79 @@ class VerifyConfig:
 
 
 class History:
-    """The last ``width`` raw samples of each series (NaN = missing), in a ring indexed by global time.
+    """The last ``width`` *observed* samples of each series, each with the time index it was taken at.
 
-    Laid out time x series (``buf[t % width]`` holds every series' sample of time t): a step writes one
-    contiguous row and the persistence check reads a few, instead of a strided column each.
+    A missing sample (NaN) takes no room: a series whose exporter was away for a minute, or a poll that
+    found Prometheus restarting, still has the samples of the regime before the gap to compare a change
+    against (a ring of time steps lost them to NaN and left such a change unconfirmable). Laid out
+    slot x series; ``n`` counts each series' observed samples, so its k-th last sample sits in slot
+    ``(n - k) % width``.
     """
 
     def __init__(self, n_series: int, width: int) -> None:
         self.width = width
-        self.buf = np.full((width, n_series), np.nan)
+        self.val = np.full((width, n_series), np.nan)
+        self.at = np.full((width, n_series), -1, dtype=np.int64)
+        self.n = np.zeros(n_series, dtype=np.int64)
 
     def grow(self, n_series: int) -> None:
         """Append fresh series."""
-        extra = n_series - self.buf.shape[1]
+        extra = n_series - self.val.shape[1]
         if extra > 0:
-            self.buf = np.hstack([self.buf, np.full((self.width, extra), np.nan)])
+            self.val = np.hstack([self.val, np.full((self.width, extra), np.nan)])
+            self.at = np.hstack([self.at, np.full((self.width, extra), -1, dtype=np.int64)])
+            self.n = np.concatenate([self.n, np.zeros(extra, dtype=np.int64)])
 
     def push(self, t: int, x: FloatArray) -> None:
-        """Store the samples of time ``t``."""
-        self.buf[t % self.width] = x
+        """Store the observed samples of time ``t``."""
+        cols = np.flatnonzero(~np.isnan(x))
+        slot = self.n[cols] % self.width
+        self.val[slot, cols] = x[cols]
+        self.at[slot, cols] = t
+        self.n[cols] += 1
 
-    def rows(self) -> FloatArray:
+    def state(self) -> dict[str, np.ndarray]:
         """One row per series (the snapshot format)."""
-        return self.buf.T.copy()
+        return {"hist": self.val.T.copy(), "hist_at": self.at.T.copy(), "hist_n": self.n.copy()}
 
-    def load_rows(self, a: FloatArray) -> None:
-        """Inverse of :meth:`rows`."""
-        self.buf = np.ascontiguousarray(np.asarray(a, dtype=np.float64).T)
+    def load_state(self, state: dict[str, Any], n_series: int) -> None:
+        """Inverse of :meth:`state`."""
+        missing = [k for k in ("hist", "hist_at", "hist_n") if k not in state]
+        if missing:
+            raise InputError(f"history state lacks {missing} (a snapshot of an older format)")
+        val = np.asarray(state["hist"], dtype=np.float64)
+        at = np.asarray(state["hist_at"], dtype=np.int64)
+        n = np.asarray(state["hist_n"], dtype=np.int64)
+        want = (n_series, self.width)
+        if val.shape != want or at.shape != want or n.shape != (n_series,):
+            raise InputError(f"history has shape {val.shape}/{at.shape}/{n.shape}, expected {want}")
+        self.val = np.ascontiguousarray(val.T)
+        self.at = np.ascontiguousarray(at.T)
+        self.n = n.copy()
 
-    def window(self, t: int, rows: IntArray, lo: IntArray, hi: IntArray, width: int) -> FloatArray:
-        """Samples ``[max(lo, hi - width), hi)`` of each row, right-aligned, NaN-padded to ``width``."""
-        idx = hi[:, None] - width + np.arange(width)[None, :]
-        valid = (idx >= lo[:, None]) & (idx <= t) & (idx > t - self.width) & (idx >= 0)
-        vals = self.buf[idx % self.width, rows[:, None]]
-        return np.where(valid, vals, np.nan)
+    def recent(self, rows: IntArray, k: int) -> tuple[FloatArray, IntArray]:
+        """The last ``k`` (<= width) observed samples of each row, oldest first, and their time indices.
+
+        Rows with fewer samples are padded on the left with NaN and time -1.
+        """
+        j = self.n[rows, None] - k + np.arange(k)[None, :]
+        ok = j >= 0
+        slot = j % self.width
+        vals = np.where(ok, self.val[slot, rows[:, None]], np.nan)
+        times = np.where(ok, self.at[slot, rows[:, None]], -1)
+        return vals, times
+
+    def window(self, rows: IntArray, lo: IntArray, hi: IntArray, width: int) -> FloatArray:
+        """The last ``width`` observed samples of each row taken at times ``[lo, hi)``; NaN elsewhere.
+
+        The result has ``self.width`` columns, in time order; which columns hold the samples does not
+        matter to the medians and quantiles read from it.
+        """
+        vals, times = self.recent(rows, self.width)
+        sel = (times >= 0) & (times >= lo[:, None]) & (times < hi[:, None])
+        # Selected samples at or after each column: keep the last `width` of them.
+        later = np.cumsum(sel[:, ::-1], axis=1)[:, ::-1]
+        return np.where(sel & (later <= width), vals, np.nan)
 
 
 def _nanmedian_rows(a: FloatArray) -> FloatArray:
@@ -178,7 +218,7 @@ class _BOCDBase:
         """Model, history, regime starts and event state."""
         st: dict[str, Any] = {f"bocd.{k}": v for k, v in self._model.state_dict().items()}
         st.update({f"events.{k}": v for k, v in self._tracker.state_dict().items()})
-        st["hist"] = self._hist.rows()
+        st.update(self._hist.state())
         st["start"] = self._start
         st["t"] = np.int64(self.t)
         return st
@@ -187,11 +227,7 @@ class _BOCDBase:
         """Resume from :meth:`state_dict`."""
         self._model.load_state_dict({k[5:]: v for k, v in state.items() if k.startswith("bocd.")})
         self._tracker.load_state_dict({k[7:]: v for k, v in state.items() if k.startswith("events.")})
-        hist = np.asarray(state["hist"], dtype=np.float64)
-        want = (self.n_series, self._hist.width)
-        if hist.shape != want:
-            raise InputError(f"history has shape {hist.shape}, expected {want}")
-        self._hist.load_rows(hist)
+        self._hist.load_state(state, self.n_series)
         self._start = np.array(state["start"], dtype=np.int64)
         self.t = int(state["t"])
 
@@ -199,9 +235,8 @@ class _BOCDBase:
                                                               FloatArray, FloatArray]:
         """Medians before/after candidate starts ``c``, their sample counts and the spread before."""
         v = self.verify
-        t = self.t
-        before = self._hist.window(t, rows, self._start[rows], c, v.before)
-        after = self._hist.window(t, rows, c, np.full(rows.shape[0], t + 1, dtype=np.int64), v.n_max)
+        before = self._hist.window(rows, self._start[rows], c, v.before)
+        after = self._hist.window(rows, c, np.full(rows.shape[0], self.t + 1, dtype=np.int64), v.n_max)
         mb = _nanmedian_rows(before)
         ma = _nanmedian_rows(after)
         nb = np.sum(~np.isnan(before), axis=1).astype(np.float64)
@@ -258,36 +293,35 @@ class VerifiedBOCD(_BOCDBase):
         self._ref_n = np.array(state["ref_n"], dtype=np.int64)
 
     def _persistent(self, cand: NDArray[np.bool_]) -> tuple[IntArray, IntArray]:
-        """Series whose last ``n_min`` samples all sit ≥ threshold on one side of the reference level.
+        """Series whose last ``n_min`` observed samples all sit ≥ threshold on one side of the reference level.
 
         BOCD misses a change when an early outlier (a slow first iteration) inflated the variance of
         the current run; this cheap check proposes such changes to the same verification. The
         candidate start is the earliest sample of the unbroken run of deviating samples.
         """
-        v, t, width = self.verify, self.t, self._hist.width
-        if t + 1 < v.n_min:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-        cols = (t - v.n_min + 1 + np.arange(v.n_min)) % width
-        dev = self._hist.buf[cols] - self._ref[None, :]
+        v = self.verify
+        every = np.arange(self.n_series, dtype=np.int64)
+        last, at = self._hist.recent(every, v.n_min)
+        dev = last - self._ref[:, None]
         lim = v.threshold * np.abs(self._ref)
         with np.errstate(invalid="ignore"):
-            up = np.all(dev > lim, axis=0)
-            down = np.all(dev < -lim, axis=0)
-        ok = (up | down) & ~cand & (self._ref_n >= v.min_before) & (t - v.n_min + 1 - self._start >= v.min_before)
+            up = np.all(dev > lim[:, None], axis=1)
+            down = np.all(dev < -lim[:, None], axis=1)
+        # (A series with fewer than n_min samples has NaN among them: neither up nor down.)
+        ok = (up | down) & ~cand & (self._ref_n >= v.min_before) & (at[:, 0] - self._start >= v.min_before)
         rows = np.flatnonzero(ok)
         if rows.size == 0:
             return rows, rows
-        idx = t - v.n_max + 1 + np.arange(v.n_max)
-        vals = self._hist.buf[(idx % width)[None, :], rows[:, None]]
+        vals, times = self._hist.recent(rows, v.n_max)
         d = vals - self._ref[rows, None]
         sign = np.where(up[rows], 1.0, -1.0)[:, None]
         with np.errstate(invalid="ignore"):
-            beyond = (d * sign > lim[rows, None]) | np.isnan(vals)
-        beyond &= (idx[None, :] >= self._start[rows, None] + v.min_before) & (idx[None, :] >= 0)
-        # Length of the all-True suffix of each row.
+            beyond = (d * sign > lim[rows, None]) & (times >= self._start[rows, None] + v.min_before)
+        # Length of the all-True suffix of each row (at least n_min: the last n_min samples qualified);
+        # the candidate starts at the first sample of it.
         suffix = np.argmin(beyond[:, ::-1], axis=1)
         suffix = np.where(beyond.all(axis=1), v.n_max, suffix)
-        return rows, (t - suffix + 1).astype(np.int64)
+        return rows, times[np.arange(rows.size), v.n_max - suffix].astype(np.int64)
 
     def _update_ref(self, xv: FloatArray) -> None:
         ok = ~np.isnan(xv)
@@ -403,18 +437,32 @@ class PlainBOCD(_BOCDBase):
 Change = tuple[int, int, float, float, float]  # (detected_at, index, probability, level_before, level_after)
 
 
-def _levels_1d(x: FloatArray, t: int, start: int, c: int,
+def _levels_1d(x: FloatArray, obs: IntArray, start: int, c: int,
                v: VerifyConfig) -> tuple[float, float, int, int, float, FloatArray]:
-    width = v.history
-    lo = max(start, c - v.before, t - width + 1, 0)
-    before = x[lo:c][None, :]
-    after = x[max(c, t + 1 - v.n_max, t - width + 1, 0):t + 1][None, :]
+    """:meth:`_BOCDBase._levels` of one series; ``obs`` are the time indices of its last ``v.history``
+    observed samples (what :class:`History` holds)."""
+    b = obs[(obs >= start) & (obs < c)][-v.before:]
+    before = x[b][None, :]
+    after = x[obs[obs >= c][-v.n_max:]][None, :]
     mb = float(_nanmedian_rows(before)[0]) if before.shape[1] else float("nan")
     ma = float(_nanmedian_rows(after)[0]) if after.shape[1] else float("nan")
-    nb = int(np.sum(~np.isnan(before)))
-    na = int(np.sum(~np.isnan(after)))
+    nb = int(before.shape[1])
+    na = int(after.shape[1])
     mad = float(_nanmedian_rows(np.abs(before - mb))[0]) if before.shape[1] else float("nan")
     return mb, ma, nb, na, mad, after
+
+
+class _Observed:
+    """The time indices of the last ``width`` observed samples of one series, as :class:`History` keeps."""
+
+    def __init__(self, x: FloatArray, width: int) -> None:
+        self.idx = np.flatnonzero(~np.isnan(x))
+        self.width = width
+
+    def upto(self, t: int) -> IntArray:
+        """Indices of the last ``width`` observed samples taken at or before ``t``."""
+        k = int(np.searchsorted(self.idx, t, side="right"))
+        return self.idx[max(0, k - self.width):k]
 
 
 def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = None,
@@ -430,29 +478,28 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
     run_arr = tr.run_length
     ref, ref_n = float("nan"), 0
     thr = v.threshold
+    seen = _Observed(xs, v.history)
     for t in range(xs.shape[0]):
         run = int(run_arr[t])
         c = t - run
         prob = float(tr.probability[t])
         is_cand = v.n_min <= run + 1 <= v.n_max and run < last_bin and c - start >= v.min_before
         stale = run + 1 > v.n_max or c - start < v.min_before
-        if (not is_cand and stale and ref_n >= v.min_before and t + 1 >= v.n_min
-                and t - v.n_min + 1 - start >= v.min_before):
-            rec = xs[t - v.n_min + 1:t + 1] - ref
+        obs = seen.upto(t)
+        if (not is_cand and stale and ref_n >= v.min_before and obs.size >= v.n_min
+                and int(obs[-v.n_min]) - start >= v.min_before):
+            rec = xs[obs[-v.n_min:]] - ref
             lim = thr * abs(ref)
             up, down = bool(np.all(rec > lim)), bool(np.all(rec < -lim))
             if up or down:
                 sign = 1.0 if up else -1.0
                 k = 0
-                while k < v.n_max:
-                    i = t - k
-                    if i < 0 or i < start + v.min_before:
-                        break
-                    xi = xs[i]
-                    if not (xi != xi or (xi - ref) * sign > lim):
+                while k < min(v.n_max, obs.size):
+                    i = int(obs[-1 - k])
+                    if i < start + v.min_before or not (xs[i] - ref) * sign > lim:
                         break
                     k += 1
-                c = t - k + 1
+                c = int(obs[-k])
                 prob = float(tr.cdf[t, min(t - c, last_bin)])
                 is_cand = True
         xt = xs[t]
@@ -463,7 +510,7 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
             ref += max(1.0 / ref_n, bcfg.ew) * (float(xt) - ref)
         if not is_cand:
             continue
-        mb, ma, nb, na, mad, after = _levels_1d(xs, t, start, c, v)
+        mb, ma, nb, na, mad, after = _levels_1d(xs, obs, start, c, v)
         sigma = max(1.4826 * mad, bcfg.scale_floor * abs(mb))
         diff = abs(ma - mb)
         se = sigma * float(np.sqrt(1.0 / max(na, 1) + 1.0 / max(nb, 1)))
@@ -486,12 +533,13 @@ def plain_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = None,
     out: list[Change] = []
     start = last = 0
     c_all = np.arange(xs.shape[0]) - tr.run_length
+    seen = _Observed(xs, v.history)
     for t in np.flatnonzero((tr.run_length < bcfg.max_run - 1) & ~np.isnan(xs)).tolist():
         c = int(c_all[t])
         if c <= last:
             continue
         last = c
-        mb, ma, _, _, _, _ = _levels_1d(xs, t, start, c, v)
+        mb, ma, _, _, _, _ = _levels_1d(xs, seen.upto(t), start, c, v)
         if mb == mb and ma == ma:
             out.append((t, c, float(tr.probability[t]), mb, ma))
             start = c
