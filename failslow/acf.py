@@ -59,6 +59,8 @@ BLOCK_MIN_REPEATS: Final = 8
 BLOCK_MAD_FLOOR: Final = 0.1
 #: Repeats a period needs when only the gaps (no distinguishing symbols) can reveal it.
 GAP_MIN_REPEATS: Final = 8
+#: A symbol period of at least this many calls is a schedule: a multiple of it needs GAP_MIN_REPEATS.
+SYMBOL_SCHEDULE: Final = 3
 #: Lags shortlisted from the gap autocorrelation for the fold test.
 SHORTLIST: Final = 16
 #: A tracker adopts a period when its stretch holds this many repeats of it and an estimate on a
@@ -324,6 +326,14 @@ def estimate_period(
         # period must repeat GAP_MIN_REPEATS times before the gaps alone may claim it.
         maxlag = max(1, min(maxlag, n // GAP_MIN_REPEATS))
         allowed = allowed[: maxlag + 1]
+    elif z is not None and int(np.flatnonzero(allowed)[0]) >= SYMBOL_SCHEDULE:
+        # The symbols show a schedule (not just an alternating Send/Recv pair) and allow only multiples
+        # of its period. Which multiple is the iteration is again timing alone, with the same risk: a
+        # long template fitted to the jitter of a loaded machine (a stage of alike micro-batches,
+        # its first Recv told apart by `PeriodTracker.together`, read as 24 calls per iteration
+        # instead of 12 on 4 repeats). So a multiple needs GAP_MIN_REPEATS repeats too. (For a 1- or
+        # 2-call symbol period the iteration is usually a multiple, which only timing can find.)
+        allowed[max(int(np.flatnonzero(allowed)[0]), n // GAP_MIN_REPEATS) + 1:] = False
     if z is None:
         period, gap_conf = int(np.flatnonzero(allowed)[0]), 1.0
     else:
@@ -441,6 +451,14 @@ class PeriodTracker:
         origin: The first call fed is the first call the process made (its ring was read from the
             first record). The first iteration then begins where the calls start repeating, and
             iteration boundaries are anchored there: the trainer's own iteration begins at that call.
+        together: Times are exact (nanosecond clocks) and calls issued together (one
+            ``batch_isend_irecv``, as the torch hook records it) share one start time: whether a call
+            was issued together with the one before it becomes part of its kind. This is call
+            structure, not timing, and no load changes it: on a pipeline stage whose calls all look
+            alike (the same Recv/Send pair per micro-batch) the iteration's first Recv, the only one
+            not batched with a Send, tells the iteration from a micro-batch and shows a change of the
+            micro-batch count at once. Leave it off for coarse clocks (a CSV in milliseconds), where
+            unrelated calls can share a time.
 
     Iteration boundaries, once found, stay on one grid: a re-estimate of the same period keeps them,
     and after a pattern change the new iterations start on a boundary of the old grid (schedules
@@ -453,6 +471,7 @@ class PeriodTracker:
     min_repeats: int = 4
     refresh: int = 2048
     origin: bool = False
+    together: bool = False
     _t: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
     _te: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
     _keys: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty((0, 0), dtype=np.int64), repr=False)
@@ -529,6 +548,9 @@ class PeriodTracker:
             else np.zeros((len(t), 0), dtype=np.int64)
         if keys.shape[0] != len(t):
             raise InputError("PeriodTracker.update: features and t_start differ in length")
+        if self.together:
+            prev = self._t[-1] if len(self._t) else np.nan
+            keys = np.concatenate((keys, (np.diff(t, prepend=prev) == 0).astype(np.int64)[:, None]), axis=1)
         if self._keys.shape[1] != keys.shape[1]:
             if len(self._t):
                 raise InputError("PeriodTracker.update: the number of features changed")
@@ -569,7 +591,11 @@ class PeriodTracker:
 
         if self._period is not None:
             # Symbol check of the new calls against one period earlier: a mismatch burst is a new pattern.
-            lo = max(new_start, self._seg + self._period, self._base + self._period)
+            # The last two periods are looked at even when fewer calls are new: whether two mismatches
+            # of a change fall into one read must not depend on how often the exporter polls (a loaded
+            # machine polls late, with bigger reads; a quiet one reads one iteration at a time).
+            lo = max(min(new_start, self._end() - 2 * self._period), self._seg + self._period,
+                     self._base + self._period)
             if lo < self._end() and self._keys.shape[1]:
                 cur = self._keys[lo - self._base:]
                 ref = self._keys[lo - self._base - self._period: self._end() - self._base - self._period]

@@ -73,7 +73,9 @@ class RankTrack:
         self.reader = reader
         self.header: RingHeader = reader.header
         self.ident = (os.stat(path).st_ino, self.header.created_mono_ns, self.header.pid)
-        self.tracker = PeriodTracker(buffer=buffer, window=window)
+        # Ring times are nanosecond clock reads and the torch hook gives the calls of one batch_isend_irecv
+        # one start time: "issued together" is exact call structure here (see PeriodTracker.together).
+        self.tracker = PeriodTracker(buffer=buffer, window=window, together=True)
         self.window = window
         self.buffer = buffer
         self.node = str(self.header.node_id) if self.header.node_id >= 0 else node
