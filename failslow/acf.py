@@ -591,11 +591,12 @@ class PeriodTracker:
 
         if self._period is not None:
             # Symbol check of the new calls against one period earlier: a mismatch burst is a new pattern.
-            # The last two periods are looked at even when fewer calls are new: whether two mismatches
-            # of a change fall into one read must not depend on how often the exporter polls (a loaded
-            # machine polls late, with bigger reads; a quiet one reads one iteration at a time).
-            lo = max(min(new_start, self._end() - 2 * self._period), self._seg + self._period,
-                     self._base + self._period)
+            # The two periods before the new calls are looked at again: whether two mismatches of a
+            # change fall into one read must not depend on how often the exporter polls (a loaded machine
+            # polls late, with bigger reads; a quiet one reads one iteration at a time), and the restart
+            # snaps to the boundary before the *first* mismatch (else the first half of a longer new
+            # iteration, read before the second mismatch, was reported as an iteration).
+            lo = max(new_start - 2 * self._period, self._seg + self._period, self._base + self._period)
             if lo < self._end() and self._keys.shape[1]:
                 cur = self._keys[lo - self._base:]
                 ref = self._keys[lo - self._base - self._period: self._end() - self._base - self._period]
