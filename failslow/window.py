@@ -1,7 +1,8 @@
 """Sliding-window median baseline: the simple detector FALCON compares BOCD+V against.
 
-What it is for: a reference point in the evaluation table. Each step compares the median of the last
-``width`` samples with the median of the ``width`` samples before them; a relative difference of at least
+What it is for: a reference point in the evaluation table. Each new sample compares the median of the last
+``width`` observed samples with the median of the ``width`` observed samples before them (a missing sample
+takes no room, so a gap never leaves a window without the regime before it); a relative difference of at least
 ``threshold`` (10 %) is a change whose first sample is estimated at ``t - width // 2`` (the median flips
 once half of the recent window belongs to the new regime) and the new level is the median of the newest
 ``width // 2`` samples. After a report the detector waits until the
@@ -10,7 +11,6 @@ older window holds only samples after the change, so one step is not reported tw
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +19,7 @@ from numpy.typing import NDArray
 
 from failslow.detect import BatchVerdict, EventTracker
 from failslow.errors import InputError
+from failslow.verify import History
 
 
 @dataclass
@@ -42,7 +43,8 @@ class WindowMedian:
             raise InputError(f"width must be at least 2, got {self.width}")
         if self.threshold <= 0:
             raise InputError("threshold must be positive")
-        self._buf = np.full((self.n_series, 2 * self.width), np.nan)
+        self._hist = History(self.n_series, 2 * self.width)
+        # Ordinal (0, 1, ...) of a series' observed sample from which it is examined again.
         self._armed_at = np.full(self.n_series, 2 * self.width - 1, dtype=np.int64)
         self._tracker = EventTracker(self.n_series, self.threshold)
         self.t = -1
@@ -52,21 +54,21 @@ class WindowMedian:
         extra = n_series - self.n_series
         if extra <= 0:
             return
-        self._buf = np.vstack([self._buf, np.full((extra, 2 * self.width), np.nan)])
-        self._armed_at = np.concatenate(
-            [self._armed_at, np.full(extra, self.t + 2 * self.width, dtype=np.int64)])
+        self._hist.grow(n_series)
+        self._armed_at = np.concatenate([self._armed_at, np.full(extra, 2 * self.width - 1, dtype=np.int64)])
         self._tracker.grow(n_series)
         self.n_series = n_series
 
     def state_dict(self) -> dict[str, Any]:
-        """Buffers, re-arm times and event state."""
+        """Windows, re-arm ordinals and event state."""
         st: dict[str, Any] = {f"events.{k}": v for k, v in self._tracker.state_dict().items()}
-        st.update({"buf": self._buf, "armed_at": self._armed_at, "t": np.int64(self.t)})
+        st.update(self._hist.state())
+        st.update({"armed_at": self._armed_at, "t": np.int64(self.t)})
         return st
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`."""
-        self._buf = np.array(state["buf"], dtype=np.float64)
+        self._hist.load_state(state, self.n_series)
         self._armed_at = np.array(state["armed_at"], dtype=np.int64)
         self._tracker.load_state_dict({k[7:]: v for k, v in state.items() if k.startswith("events.")})
         self.t = int(state["t"])
@@ -78,40 +80,33 @@ class WindowMedian:
             raise InputError(f"expected {self.n_series} samples, got {xv.shape[0]}")
         w, s = self.width, self.n_series
         self.t += 1
-        t = self.t
-        self._buf[:, t % (2 * w)] = xv
+        self._hist.push(self.t, xv)
         changed = np.zeros(s, dtype=bool)
         index = np.full(s, -1, dtype=np.int64)
         lb = np.full(s, np.nan)
         la = np.full(s, np.nan)
-        due = self._armed_at <= t
+        # Only a new sample moves a series' windows.
+        due = ~np.isnan(xv) & (self._armed_at <= self._hist.n - 1)
         if due.any():
             rows = np.flatnonzero(due)
-            cols_new = (t - w + 1 + np.arange(w)) % (2 * w)
-            cols_old = (t - 2 * w + 1 + np.arange(w)) % (2 * w)
-            new = self._buf[np.ix_(rows, cols_new)]
-            old = self._buf[np.ix_(rows, cols_old)]
-            if np.isnan(new).any() or np.isnan(old).any():
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN windows give NaN, handled below
-                    mn, mo = np.nanmedian(new, axis=1), np.nanmedian(old, axis=1)
-            else:
-                mn, mo = np.median(new, axis=1), np.median(old, axis=1)
-            ok = np.abs(mn - mo) >= self.threshold * np.abs(mo)
-            ok &= ~np.isnan(mn) & ~np.isnan(mo) & (mn != mo)
+            vals, times = self._hist.recent(rows, 2 * w)
+            old, new = vals[:, :w], vals[:, w:]
+            mn, mo = np.median(new, axis=1), np.median(old, axis=1)
+            ok = (np.abs(mn - mo) >= self.threshold * np.abs(mo)) & (mn != mo)
             hit = rows[ok]
             changed[hit] = True
-            index[hit] = t - w // 2
+            index[hit] = times[ok, 2 * w - 1 - w // 2]
             lb[hit] = mo[ok]
             # The newest half of the recent window lies after the estimated change: its median is the level.
-            la[hit] = np.nanmedian(new[ok][:, w - w // 2:], axis=1) if hit.size else mn[ok]
+            la[hit] = np.median(new[ok][:, w - w // 2:], axis=1)
             # Wait until the older window lies wholly after the reported change.
-            self._armed_at[hit] = t + w + w // 2
+            self._armed_at[hit] = self._hist.n[hit] - 1 + w + w // 2
         p = np.where(changed, 1.0, np.nan)
         opened, recovered = self._tracker.observe(changed, index, lb, la)
-        return BatchVerdict(t=t, changed=changed, index=index, probability=p, level_before=lb, level_after=la,
-                            failslow=self._tracker.open.copy(), opened=opened, recovered=recovered,
-                            onset=self._tracker.onset.copy(), slowdown=self._tracker.slowdown())
+        return BatchVerdict(t=self.t, changed=changed, index=index, probability=p, level_before=lb,
+                            level_after=la, failslow=self._tracker.open.copy(), opened=opened,
+                            recovered=recovered, onset=self._tracker.onset.copy(),
+                            slowdown=self._tracker.slowdown())
 
 
 def window_changes(x: NDArray[np.floating[Any]], width: int = 10,
@@ -122,26 +117,22 @@ def window_changes(x: NDArray[np.floating[Any]], width: int = 10,
     """
     WindowMedian(1, width=width, threshold=threshold)  # validates the parameters
     xs = np.asarray(x, dtype=np.float64).reshape(-1)
-    n, w = xs.shape[0], width
+    obs = np.flatnonzero(~np.isnan(xs))  # the windows hold observed samples only
+    y = xs[obs]
+    n, w = y.shape[0], width
     if n < 2 * w:
         return []
-    win = np.lib.stride_tricks.sliding_window_view(xs, w)  # win[i] = xs[i:i+w]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        med = np.nanmedian(win, axis=1)  # med[i]: window ending at i + w - 1
-        half = np.nanmedian(np.lib.stride_tricks.sliding_window_view(xs, w // 2), axis=1) if w // 2 else med
+    med = np.median(np.lib.stride_tricks.sliding_window_view(y, w), axis=1)  # med[i]: y[i:i+w]
+    half = np.median(np.lib.stride_tricks.sliding_window_view(y, w // 2), axis=1)
     out: list[tuple[int, int, float, float, float]] = []
     armed = 2 * w - 1
-    t_idx = np.arange(2 * w - 1, n)
-    mn_all, mo_all = med[t_idx - w + 1], med[t_idx - 2 * w + 1]
-    with np.errstate(invalid="ignore"):
-        ok_all = (np.abs(mn_all - mo_all) >= threshold * np.abs(mo_all)) & (mn_all != mo_all)
+    i_idx = np.arange(2 * w - 1, n)
+    mn_all, mo_all = med[i_idx - w + 1], med[i_idx - 2 * w + 1]
+    ok_all = (np.abs(mn_all - mo_all) >= threshold * np.abs(mo_all)) & (mn_all != mo_all)
     for k in np.flatnonzero(ok_all).tolist():
-        t = int(t_idx[k])
-        if t < armed:
+        i = int(i_idx[k])
+        if i < armed:
             continue
-        mo = float(mo_all[k])
-        la = float(half[t - w // 2 + 1])
-        out.append((t, t - w // 2, 1.0, mo, la))
-        armed = t + w + w // 2
+        out.append((int(obs[i]), int(obs[i - w // 2]), 1.0, float(mo_all[k]), float(half[i - w // 2 + 1])))
+        armed = i + w + w // 2
     return out
