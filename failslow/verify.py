@@ -104,6 +104,13 @@ class History:
     def push(self, t: int, x: FloatArray) -> None:
         """Store the observed samples of time ``t``."""
         cols = np.flatnonzero(~np.isnan(x))
+        if cols.size == self.n.shape[0] and cols.size and self.n.min() == self.n.max():
+            # Lock step, every series observed (the usual case): one contiguous row.
+            slot0 = int(self.n[0]) % self.width
+            self.val[slot0] = x
+            self.at[slot0] = t
+            self.n += 1
+            return
         slot = self.n[cols] % self.width
         self.val[slot, cols] = x[cols]
         self.at[slot, cols] = t
@@ -128,17 +135,28 @@ class History:
         self.at = np.ascontiguousarray(at.T)
         self.n = n.copy()
 
-    def recent(self, rows: IntArray, k: int) -> tuple[FloatArray, IntArray]:
-        """The last ``k`` (<= width) observed samples of each row, oldest first, and their time indices.
+    def _take(self, a: np.ndarray, rows: IntArray | None, k: int, pad: float | int) -> np.ndarray:
+        """The last ``k`` (<= width) entries of ``a`` for each row (every series if None), oldest first."""
+        if rows is not None and rows.size == self.n.shape[0]:
+            rows = None  # rows come sorted and unique (flatnonzero): this is every series
+        n = self.n if rows is None else self.n[rows]
+        if n.size and n[0] >= k and n.min() == n.max():
+            # Lock step (the usual case): one set of slots for every row, read as k contiguous rows.
+            slot = (int(n[0]) - k + np.arange(k)) % self.width
+            out = a[slot] if rows is None else a[np.ix_(slot, rows)]
+            return np.ascontiguousarray(out.T)
+        cols = np.arange(self.n.shape[0]) if rows is None else rows
+        j = n[:, None] - k + np.arange(k)[None, :]
+        return np.where(j >= 0, a[j % self.width, cols[:, None]], pad)
 
-        Rows with fewer samples are padded on the left with NaN and time -1.
-        """
-        j = self.n[rows, None] - k + np.arange(k)[None, :]
-        ok = j >= 0
-        slot = j % self.width
-        vals = np.where(ok, self.val[slot, rows[:, None]], np.nan)
-        times = np.where(ok, self.at[slot, rows[:, None]], -1)
-        return vals, times
+    def recent(self, rows: IntArray | None, k: int) -> FloatArray:
+        """The last ``k`` (<= width) observed samples of each row (every series if None), oldest first;
+        rows with fewer samples are padded on the left with NaN."""
+        return self._take(self.val, rows, k, np.nan)
+
+    def recent_times(self, rows: IntArray | None, k: int) -> IntArray:
+        """The time indices of :meth:`recent`'s samples (-1 for padding)."""
+        return self._take(self.at, rows, k, -1)
 
     def window(self, rows: IntArray, lo: IntArray, hi: IntArray, width: int) -> FloatArray:
         """The last ``width`` observed samples of each row taken at times ``[lo, hi)``; NaN elsewhere.
@@ -146,7 +164,7 @@ class History:
         The result has ``self.width`` columns, in time order; which columns hold the samples does not
         matter to the medians and quantiles read from it.
         """
-        vals, times = self.recent(rows, self.width)
+        vals, times = self.recent(rows, self.width), self.recent_times(rows, self.width)
         sel = (times >= 0) & (times >= lo[:, None]) & (times < hi[:, None])
         # Selected samples at or after each column: keep the last `width` of them.
         later = np.cumsum(sel[:, ::-1], axis=1)[:, ::-1]
@@ -300,19 +318,19 @@ class VerifiedBOCD(_BOCDBase):
         candidate start is the earliest sample of the unbroken run of deviating samples.
         """
         v = self.verify
-        every = np.arange(self.n_series, dtype=np.int64)
-        last, at = self._hist.recent(every, v.n_min)
-        dev = last - self._ref[:, None]
+        dev = self._hist.recent(None, v.n_min) - self._ref[:, None]
         lim = v.threshold * np.abs(self._ref)
         with np.errstate(invalid="ignore"):
             up = np.all(dev > lim[:, None], axis=1)
             down = np.all(dev < -lim[:, None], axis=1)
         # (A series with fewer than n_min samples has NaN among them: neither up nor down.)
-        ok = (up | down) & ~cand & (self._ref_n >= v.min_before) & (at[:, 0] - self._start >= v.min_before)
-        rows = np.flatnonzero(ok)
+        rows = np.flatnonzero((up | down) & ~cand & (self._ref_n >= v.min_before))
+        if rows.size:
+            first = self._hist.recent_times(rows, v.n_min)[:, 0]
+            rows = rows[first - self._start[rows] >= v.min_before]
         if rows.size == 0:
             return rows, rows
-        vals, times = self._hist.recent(rows, v.n_max)
+        vals, times = self._hist.recent(rows, v.n_max), self._hist.recent_times(rows, v.n_max)
         d = vals - self._ref[rows, None]
         sign = np.where(up[rows], 1.0, -1.0)[:, None]
         with np.errstate(invalid="ignore"):

@@ -89,13 +89,13 @@ class WindowMedian:
         due = ~np.isnan(xv) & (self._armed_at <= self._hist.n - 1)
         if due.any():
             rows = np.flatnonzero(due)
-            vals, times = self._hist.recent(rows, 2 * w)
+            vals = self._hist.recent(rows, 2 * w)
             old, new = vals[:, :w], vals[:, w:]
             mn, mo = np.median(new, axis=1), np.median(old, axis=1)
             ok = (np.abs(mn - mo) >= self.threshold * np.abs(mo)) & (mn != mo)
             hit = rows[ok]
             changed[hit] = True
-            index[hit] = times[ok, 2 * w - 1 - w // 2]
+            index[hit] = self._hist.recent_times(hit, 2 * w)[:, 2 * w - 1 - w // 2]
             lb[hit] = mo[ok]
             # The newest half of the recent window lies after the estimated change: its median is the level.
             la[hit] = np.median(new[ok][:, w - w // 2:], axis=1)
