@@ -931,7 +931,11 @@ class PeriodTracker:
             # change (maybe the first half of a longer new iteration) is still unreported then.
             bad = self._iteration_bad(b[:-1])
             nb = len(bad)
-            two = [k for k in range(nb) if bad[k] and (bad[k + 1:k + 3].any())]
+            # Not from the first iteration of the stretch: a restart there re-estimates the same calls,
+            # finds the same period and the same unlike first iterations, and so on forever (a last
+            # stage whose start-up iterations were 10x slower on a loaded machine never reported one).
+            # Unlike first iterations are a start-up transient; the blip rule below reports them.
+            two = [k for k in range(nb) if bad[k] and (bad[k + 1:k + 3].any()) and b[k] > self._anchor]
             if two:
                 restart_at = int(b[two[0]])
                 b = b[: max(two[0] - 1, 0) + 1]

@@ -384,3 +384,26 @@ def test_alike_micro_batches_under_load_lock_in_and_follow_a_change(seed: int) -
     e = np.asarray(out_t)
     assert np.sum(e >= begin[31]) >= 40
     assert np.all(np.isin(e, begin) | np.isin(e, te[first_call - 1]))
+
+
+@pytest.mark.parametrize("chunk", [5, 256])
+def test_slow_start_up_iterations_do_not_silence_a_last_stage(chunk: int) -> None:
+    # Regression (bench, DP1xPP4 on a loaded machine): the last stage's start-up stalled half a second at
+    # the end of its first iteration and the start of its second (gaps of ~40 ms otherwise). Both were
+    # unlike the template, so the tracker restarted at the first iteration of its stretch, found the same
+    # period and the same unlike iterations, and restarted again: the rank never reported an iteration.
+    tr = ps.generate([ps.pp_1f1b(3, 4, 4)], [60], seed=0, jitter=0.1)
+    t, op, comm, nbytes, te = _prefixed(tr)
+    g = np.diff(t)
+    g[[5, 7, 8]] += 0.5
+    slow = np.concatenate(([t[0]], t[0] + np.cumsum(g)))
+    te = te + (slow - t)
+    trk = PeriodTracker(origin=True)
+    got: list[float] = []
+    for i in range(0, len(slow), chunk):
+        v = trk.update(slow[i:i + chunk], op[i:i + chunk], comm[i:i + chunk], nbytes[i:i + chunk],
+                       t_end=te[i:i + chunk])
+        got.extend(v.iteration_s)
+    assert trk.period == tr.period[0]
+    assert len(got) >= 57  # of 60 (the last one, closed by no later call, is not reported)
+    assert abs(np.median(got) / np.median(tr.iteration_s) - 1) < 0.05
