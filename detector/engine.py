@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from failslow.bocd import BOCDConfig
-from failslow.detect import BatchDetector, keep_series, make_detector
+from failslow.detect import RECOVER_SHARE, BatchDetector, keep_series, make_detector
 from failslow.verify import VerifyConfig
 
 Key = tuple[str, str]  # (job, rank)
@@ -40,6 +40,7 @@ class JobEvent:
     closed_ts: float = 0.0
     baseline: float = 0.0
     ratio: float = 1.0
+    peak: float = 1.0
     suspects: list[dict[str, Any]] = field(default_factory=list)
     events: int = 0
 
@@ -190,17 +191,24 @@ class Engine:
                 ev.onset_ts = t_on if t_on == t_on else ts
                 ev.opened_ts = ts
                 ev.closed_ts = 0.0
-                ev.ratio = ratio
+                ev.ratio = ev.peak = ratio
                 ev.baseline = level / ratio if ratio > 0 else level
                 ev.suspects = []
                 ev.events += 1
                 changes.append(Change("opened", ev))
                 continue
             ratio = level / ev.baseline if ev.baseline > 0 else 1.0
-            if frac[jid] < self.quorum and ratio < 1.0 + self.threshold:
+            ev.peak = max(ev.peak, ratio)
+            # Closed when fewer than a quorum of ranks are still slow and the job's level is back: under
+            # the threshold, or most of the rise taken back (RECOVER_SHARE, as for each series: after a
+            # 2.7x fault a host that got busier meanwhile may leave the job 1.3x its old level, which the
+            # ranks' detectors take as the new normal; the event must not stay open for it forever).
+            back = ratio < 1.0 + self.threshold or (
+                ratio - 1.0 <= (1.0 - RECOVER_SHARE) * (ev.peak - 1.0))
+            if frac[jid] < self.quorum and back:
                 ev.open = False
                 ev.closed_ts = ts
-                ev.ratio = 1.0
+                ev.ratio = ev.peak = 1.0
                 ev.suspects = []
                 changes.append(Change("closed", ev))
             elif abs(ratio - ev.ratio) > 1e-9:
