@@ -144,7 +144,7 @@ class History:
             # Lock step (the usual case): one set of slots for every row, read as k contiguous rows.
             slot = (int(n[0]) - k + np.arange(k)) % self.width
             out = a[slot] if rows is None else a[np.ix_(slot, rows)]
-            return np.ascontiguousarray(out.T)
+            return out.T  # a view: reductions over a row run along contiguous memory
         cols = np.arange(self.n.shape[0]) if rows is None else rows
         j = n[:, None] - k + np.arange(k)[None, :]
         return np.where(j >= 0, a[j % self.width, cols[:, None]], pad)
