@@ -326,14 +326,14 @@ def estimate_period(
         # period must repeat GAP_MIN_REPEATS times before the gaps alone may claim it.
         maxlag = max(1, min(maxlag, n // GAP_MIN_REPEATS))
         allowed = allowed[: maxlag + 1]
-    elif z is not None and int(np.flatnonzero(allowed)[0]) >= SYMBOL_SCHEDULE:
+    elif z is not None and (sym_period := int(np.flatnonzero(allowed)[0])) >= SYMBOL_SCHEDULE:
         # The symbols show a schedule (not just an alternating Send/Recv pair) and allow only multiples
         # of its period. Which multiple is the iteration is again timing alone, with the same risk: a
         # long template fitted to the jitter of a loaded machine (a stage of alike micro-batches,
         # its first Recv told apart by `PeriodTracker.together`, read as 24 calls per iteration
         # instead of 12 on 4 repeats). So a multiple needs GAP_MIN_REPEATS repeats too. (For a 1- or
         # 2-call symbol period the iteration is usually a multiple, which only timing can find.)
-        allowed[max(int(np.flatnonzero(allowed)[0]), n // GAP_MIN_REPEATS) + 1:] = False
+        allowed[max(sym_period, n // GAP_MIN_REPEATS) + 1:] = False
     if z is None:
         period, gap_conf = int(np.flatnonzero(allowed)[0]), 1.0
     else:

@@ -406,4 +406,5 @@ def test_slow_start_up_iterations_do_not_silence_a_last_stage(chunk: int) -> Non
         got.extend(v.iteration_s)
     assert trk.period == tr.period[0]
     assert len(got) >= 57  # of 60 (the last one, closed by no later call, is not reported)
+    # Accuracy, not speed: the inferred iteration durations against the synthetic trace's ground truth.
     assert abs(np.median(got) / np.median(tr.iteration_s) - 1) < 0.05
