@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PKGS=(prometheus prometheus-alertmanager redis-server iproute2 build-essential)
+# slurm-wlm + munge: the remediator's Slurm adapter is tested against a real one-machine Slurm;
+# chromium: the remediator's status page is tested in a headless browser.
+APT_PKGS=(prometheus prometheus-alertmanager redis-server iproute2 build-essential slurm-wlm munge chromium)
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
