@@ -31,6 +31,7 @@ COMMANDS: dict[str, str] = {
     "detector": "failslow_cli.cmd_detector",
     # mitigation
     "remediator": "failslow_cli.cmd_remediator",
+    "plan": "failslow_cli.cmd_plan",
     # analysis
     "whatif": "failslow_cli.cmd_whatif",
     "predict": "failslow_cli.cmd_predict",

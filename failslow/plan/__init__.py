@@ -1,0 +1,12 @@
+"""Mitigation planning, pure: which strategy pays off now, and its parameters.
+
+`policy` is the ski-rental planner (FALCON's adaptive multi-level mitigation, gated by a prediction of the
+iteration time after each action); `pace` models a job's iteration time from its per-rank compute times so
+that a prediction can be made; `microbatch` is the exact S2 solver (micro-batches over DP groups).
+"""
+
+from __future__ import annotations
+
+from failslow.plan.microbatch import Rebalance, rebalance
+
+__all__: list[str] = ["Rebalance", "rebalance"]
