@@ -1,0 +1,135 @@
+"""A job's pace from its per-rank compute times, and the iteration time an action would leave it with.
+
+The planner only acts when a prediction says the action pays off, so it needs a model of the iteration time
+that the measured series can calibrate and that an action changes in a known way. For a DP×PP(×TP) job
+running 1F1B (or GPipe) pipelines:
+
+* each rank reports its compute time per iteration ``c_r`` (time outside communication calls; the exporter's
+  ``failslow_iteration_compute_seconds``) while its DP replica ``d`` runs ``m_d`` micro-batches, so stage
+  ``s`` of replica ``d`` spends ``tau[d, s] = max over its TP ranks of c_r / m_d`` per micro-batch;
+* a pipeline of ``m`` micro-batches takes ``(m - 1) * max_s tau[d, s] + sum_s tau[d, s]`` (the bottleneck
+  stage paces the steady state, every stage is passed once while filling and draining): with
+  ``t_d = max_s tau[d, s]`` and ``o_d = sum_s tau[d, s] - t_d`` replica ``d`` takes ``m_d * t_d + o_d``;
+* every replica waits for the slowest at the gradient all-reduce, so the iteration takes
+  ``T = F + max_d (m_d * t_d + o_d)`` where ``F`` (all-reduce, optimizer, host work) is what the measured
+  iteration time ``T`` leaves over. ``F`` is calibrated now and held constant across an action.
+
+A micro-batch split changes only the ``m_d``; the exact split that minimises the slowest replica is
+:func:`failslow.plan.microbatch.rebalance` on ``(t_d, o_d)``. The model is deliberately the one the S2
+solver optimises, so that the prediction and the plan cannot disagree.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from failslow.errors import InputError
+
+FloatArray = npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True)
+class RankCompute:
+    """One rank's measured compute time per iteration and its place in the job.
+
+    Attributes:
+        rank: Global rank.
+        dp: Data-parallel replica.
+        pp: Pipeline stage.
+        compute_s: Time per iteration outside communication calls (seconds).
+    """
+
+    rank: int
+    dp: int
+    pp: int
+    compute_s: float
+
+
+@dataclass(frozen=True)
+class PaceModel:
+    """The calibrated iteration-time model of one job (see the module docstring).
+
+    Attributes:
+        per_mb: ``tau[d, s]``, seconds per micro-batch of stage ``s`` in replica ``d``.
+        microbatches: ``m_d`` the job ran with when ``per_mb`` was measured.
+        iteration_s: The measured iteration time ``T``.
+        overhead_s: ``F``: the part of ``T`` outside the slowest replica's pipeline (negative when the
+            model over-estimates the pipeline, e.g. where compute overlaps communication; predictions are
+            then still the measured ``T`` plus the change in the slowest replica).
+    """
+
+    per_mb: FloatArray
+    microbatches: tuple[int, ...]
+    iteration_s: float
+    overhead_s: float
+
+    @property
+    def times(self) -> FloatArray:
+        """``t_d``: the bottleneck stage's time per micro-batch in each replica."""
+        return np.asarray(self.per_mb.max(axis=1), dtype=np.float64)
+
+    @property
+    def offsets(self) -> FloatArray:
+        """``o_d``: pipeline fill and drain of each replica (0 without pipeline parallelism)."""
+        return np.asarray(self.per_mb.sum(axis=1) - self.per_mb.max(axis=1), dtype=np.float64)
+
+    def replica_s(self, counts: Sequence[int]) -> FloatArray:
+        """Compute time of each replica with `counts` micro-batches."""
+        m = _counts(counts, self.per_mb.shape[0])
+        return np.asarray(m * self.times + self.offsets, dtype=np.float64)
+
+    def predict(self, counts: Sequence[int]) -> float:
+        """Iteration time the job would take with micro-batch split `counts` (at least 1% of today's)."""
+        return max(0.01 * self.iteration_s, self.overhead_s + float(self.replica_s(counts).max()))
+
+    def imbalance(self) -> float:
+        """Slowest over fastest replica compute time as the job runs now (1 = balanced)."""
+        r = self.replica_s(self.microbatches)
+        return float(r.max() / r.min()) if r.min() > 0 else math.inf
+
+
+def _counts(counts: Sequence[int], dp: int) -> FloatArray:
+    m = np.asarray(list(counts), dtype=np.float64)
+    if m.shape != (dp,) or not np.all(m >= 1) or not np.all(m == np.floor(m)):
+        raise InputError(f"need {dp} micro-batch counts >= 1, got {list(counts)}")
+    return m
+
+
+def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: float) -> PaceModel:
+    """Calibrate the model on one job's measured ranks.
+
+    Args:
+        ranks: Every rank's compute time (several TP ranks of one stage: the slowest counts).
+        microbatches: Micro-batches per DP replica the job ran with while measured.
+        iteration_s: The job's measured iteration time.
+
+    Raises:
+        InputError: no ranks, a replica or stage with no rank, coordinates outside the split, or times
+            that are not positive and finite.
+    """
+    if not ranks:
+        raise InputError("no rank compute times to model the job with")
+    if not (iteration_s > 0 and math.isfinite(iteration_s)):
+        raise InputError(f"iteration time must be positive, got {iteration_s}")
+    dp = len(microbatches)
+    m = _counts(microbatches, dp)
+    pp = 1 + max(r.pp for r in ranks)
+    per_mb = np.full((dp, pp), np.nan)
+    for r in ranks:
+        if not 0 <= r.dp < dp or r.pp < 0:
+            raise InputError(f"rank {r.rank}: replica {r.dp} / stage {r.pp} outside a {dp}-replica split")
+        if not (r.compute_s > 0 and math.isfinite(r.compute_s)):
+            raise InputError(f"rank {r.rank}: compute time must be positive, got {r.compute_s}")
+        t = r.compute_s / m[r.dp]
+        per_mb[r.dp, r.pp] = t if np.isnan(per_mb[r.dp, r.pp]) else max(per_mb[r.dp, r.pp], t)
+    if np.isnan(per_mb).any():
+        d, s = np.argwhere(np.isnan(per_mb))[0]
+        raise InputError(f"no compute time for replica {d}, stage {s}")
+    slowest = float((m * per_mb.max(axis=1) + per_mb.sum(axis=1) - per_mb.max(axis=1)).max())
+    return PaceModel(per_mb=per_mb, microbatches=tuple(int(x) for x in m), iteration_s=float(iteration_s),
+                     overhead_s=float(iteration_s) - slowest)

@@ -1,0 +1,494 @@
+"""The ski-rental planner: which mitigation pays off now for one fail-slow event (pure).
+
+FALCON's adaptive multi-level mitigation (its Algorithm 1) treats a fail-slow like ski rental: ignoring it
+(S1) costs a little every second it lasts, each fix costs once. It escalates from S1 to micro-batch
+redistribution (S2), topology adjustment (S3) and checkpoint-restart (S4) when the slowdown accumulated
+since onset reaches the next strategy's cost, which bounds the loss at twice the best action in hindsight.
+We keep that rule and add what acting on real jobs needs:
+
+* **prediction gate** — every candidate comes with the iteration time it should leave the job with
+  (:mod:`failslow.plan.pace` for S2, the healthy pace for S4, the S3 planner's score for S3). The action is
+  taken only when the predicted saving over the expected remaining duration beats its cost, where the
+  remaining duration is estimated as the time the event has lasted so far (the older a fail-slow, the longer
+  it is likely to last), and never below ``horizon_min_s``;
+* **applicability** — by culprit kind (compute → S2, S3 consolidation; link → S3; both → S3; S4 last), by
+  what the job's adapter supports, and never a strategy that did not help this job before;
+* **validation** — before an expensive strategy (S3, S4) the suspects are confirmed when the adapter can;
+* **safety** — one action in flight per job, a cooldown before its effect is judged, a cap on actions per
+  hour, and approval for the strategies that need it.
+
+Every input is plain data, the clock included, so each transition is a unit test. The service owns the
+state; this module only answers "what now, and why".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from failslow.errors import InputError
+from failslow.plan.microbatch import rebalance
+from failslow.plan.pace import PaceModel
+
+Strategy = Literal["validate", "rebalance", "topology", "restart"]
+
+#: Strategy names, the same everywhere (API, metric labels, audit, docs).
+STRATEGIES: tuple[str, ...] = ("validate", "rebalance", "topology", "restart")
+#: What a decision can say: ignore (S1) or one of the strategies.
+DECISIONS: tuple[str, ...] = ("ignore", *STRATEGIES)
+#: FALCON's level of each decision (validation confirms suspects, it is no level of its own).
+LEVEL: dict[str, int] = {"ignore": 1, "validate": 1, "rebalance": 2, "topology": 3, "restart": 4}
+#: Action states; the first three are "in flight".
+ACTION_STATES: tuple[str, ...] = ("planned", "pending_approval", "running", "succeeded", "failed", "rejected")
+IN_FLIGHT: frozenset[str] = frozenset({"planned", "pending_approval", "running"})
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Training time each strategy costs, in seconds of lost progress (pause plus work redone).
+
+    The defaults are what the testbed measured (docs/remediator.md); the service replaces each with the
+    cost its adapter measured the last times the strategy ran on this cluster.
+    """
+
+    validate: float = 10.0
+    rebalance: float = 2.0
+    topology: float = 90.0
+    restart: float = 120.0
+
+    def of(self, strategy: str) -> float:
+        """Cost of one strategy."""
+        if strategy not in STRATEGIES:
+            raise InputError(f"unknown strategy {strategy!r}")
+        return float(getattr(self, strategy))
+
+    def with_measured(self, measured: Mapping[str, float]) -> Costs:
+        """These costs with measured ones (by strategy name) put in their place."""
+        known = {k: max(0.0, float(v)) for k, v in measured.items() if k in STRATEGIES and math.isfinite(v)}
+        return replace(self, **known)
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The planner's knobs (config file ``policy:``; docs/remediator.md).
+
+    Attributes:
+        cooldown_s: After an action ends, wait this long before judging its effect or acting again.
+        max_actions_per_hour: Actions (not dry-run plans) per job per rolling hour.
+        min_gain: Smallest predicted relative speed-up worth an action.
+        effective_share: An action is effective when it took back at least this share of the slowdown it
+            was predicted to take back (and at least ``min_gain`` of the pace).
+        recovered_ratio: Pace within this factor of the healthy pace counts as recovered.
+        horizon_min_s: The expected remaining duration of an event is at least this.
+        approval: Strategies that wait for a person's approval before they run.
+        validate_before: Strategies whose suspects are validated first (when the adapter can).
+        retune_gain: Smallest predicted speed-up for a further split once one was applied in the event: the
+            per-replica times are measured with noise, and two near-equal splits must not take turns.
+    """
+
+    cooldown_s: float = 60.0
+    max_actions_per_hour: int = 4
+    min_gain: float = 0.05
+    effective_share: float = 0.3
+    recovered_ratio: float = 1.1
+    horizon_min_s: float = 60.0
+    approval: frozenset[str] = frozenset({"restart"})
+    validate_before: frozenset[str] = frozenset({"topology", "restart"})
+    retune_gain: float = 0.10
+
+    def __post_init__(self) -> None:
+        for name in ("cooldown_s", "horizon_min_s"):
+            if not getattr(self, name) >= 0:
+                raise InputError(f"policy {name} must be >= 0")
+        if self.max_actions_per_hour < 0:
+            raise InputError("policy max_actions_per_hour must be >= 0")
+        if not 0 <= self.min_gain < 1 or not 0 <= self.retune_gain < 1 or not 0 <= self.effective_share <= 1:
+            raise InputError("policy min_gain and retune_gain must be in [0, 1) and effective_share in [0, 1]")
+        if not self.recovered_ratio >= 1:
+            raise InputError("policy recovered_ratio must be >= 1")
+        bad = (set(self.approval) | set(self.validate_before)) - set(STRATEGIES)
+        if bad:
+            raise InputError(f"policy names unknown strategies {sorted(bad)}")
+
+
+@dataclass(frozen=True)
+class Suspect:
+    """A culprit the detector named: a rank's compute or a node's links."""
+
+    kind: str  # "compute" | "link"
+    rank: int | None = None
+    node: str = ""
+
+
+@dataclass(frozen=True)
+class PastAction:
+    """What the planner needs to know of an earlier action of the event."""
+
+    strategy: str
+    state: str
+    dry_run: bool = False
+    ended_at: float | None = None
+    effective: bool | None = None  # None until judged
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> str:
+        """The action's identity for "not the same action again" (see :func:`signature`)."""
+        return signature(self.strategy, self.params)
+
+
+def signature(strategy: str, params: Mapping[str, Any]) -> str:
+    """What makes two actions "the same action": the strategy and what it changes.
+
+    A split that did not help is not applied again, but another split may be; the same for a placement and
+    for the set of nodes a restart excludes.
+    """
+    if strategy == "rebalance":
+        what: Any = list(params.get("counts") or [])
+    elif strategy == "topology":
+        what = list(params.get("placement") or [])
+    elif strategy == "restart":
+        what = sorted(params.get("exclude_nodes") or [])
+    else:
+        what = [sorted(params.get("ranks") or []), sorted(params.get("nodes") or [])]
+    return f"{strategy}:{what}"
+
+
+@dataclass(frozen=True)
+class EventView:
+    """One open fail-slow event as the planner sees it.
+
+    Attributes:
+        job: The training job.
+        onset_ts: Unix time of the first slow iteration (the detector's onset).
+        firing: Whether Alertmanager still reports the alert firing (resolved: no new action starts).
+        suspects: Culprits named so far.
+        lost_s: Training time lost to the slowdown since onset (seconds of progress).
+        validated: None before validation, else whether it confirmed the suspects.
+        actions: The event's actions so far, oldest first.
+    """
+
+    job: str
+    onset_ts: float
+    firing: bool = True
+    suspects: tuple[Suspect, ...] = ()
+    lost_s: float = 0.0
+    validated: bool | None = None
+    actions: tuple[PastAction, ...] = ()
+
+
+@dataclass(frozen=True)
+class TopologyOption:
+    """A placement the S3 planner scored: node of each rank and its predicted iteration time."""
+
+    placement: tuple[int, ...]
+    predicted_s: float
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class JobView:
+    """What the service measured of the job for this decision.
+
+    Attributes:
+        now: Unix time of the decision.
+        pace_s: Current iteration time (None: unknown, e.g. no fresh series).
+        healthy_s: Iteration time before onset (None: unknown).
+        model: Calibrated pace model (None: no per-rank compute times).
+        microbatches: Micro-batches per DP replica now (None: unknown).
+        microbatch_upper: Per-replica upper bounds (memory), or None.
+        placement: Node index of each rank (into `nodes`), or None.
+        nodes: Names of the job's nodes.
+        capabilities: Strategies the job's adapter supports.
+        ineffective: Signatures (:func:`signature`) of actions that did not help this job recently (not taken
+            again).
+        actions_last_hour: Actions (not dry-run plans) of the job started in the last hour.
+        topology: S3 candidates scored by the topology planner (best first), if any.
+    """
+
+    now: float
+    pace_s: float | None = None
+    healthy_s: float | None = None
+    model: PaceModel | None = None
+    microbatches: tuple[int, ...] | None = None
+    microbatch_upper: int | tuple[int, ...] | None = None
+    placement: tuple[int, ...] | None = None
+    nodes: tuple[str, ...] = ()
+    capabilities: frozenset[str] = frozenset()
+    ineffective: frozenset[str] = frozenset()
+    actions_last_hour: int = 0
+    topology: tuple[TopologyOption, ...] = ()
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One strategy the planner weighed, with its parameters, prediction and verdict."""
+
+    strategy: str
+    params: dict[str, Any] = field(default_factory=dict)
+    predicted_s: float | None = None
+    cost_s: float = 0.0
+    saving_s: float | None = None
+    ok: bool = False
+    why: str = ""
+    formed: bool = False  # the parameters are complete: the strategy could be carried out as it stands
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form for the audit and the API."""
+        return {"strategy": self.strategy, "params": self.params, "predicted_s": self.predicted_s,
+                "cost_s": self.cost_s, "saving_s": self.saving_s, "ok": self.ok, "why": self.why}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """The planner's answer: a strategy to run (or ignore), why, and every candidate it weighed."""
+
+    strategy: str
+    reason: str
+    chosen: Candidate | None = None
+    considered: tuple[Candidate, ...] = ()
+    needs_approval: bool = False
+    wait: bool = False  # ignore for now because of a rule (in flight, cooldown, cap), not because nothing pays
+
+    @property
+    def level(self) -> int:
+        """FALCON's level of this decision."""
+        return LEVEL[self.strategy]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form for the audit and the API."""
+        return {"strategy": self.strategy, "reason": self.reason,
+                "chosen": None if self.chosen is None else self.chosen.to_json(),
+                "considered": [c.to_json() for c in self.considered], "needs_approval": self.needs_approval,
+                "wait": self.wait}
+
+
+def accrue(lost_s: float, since: float, now: float, pace_s: float | None, healthy_s: float | None) -> float:
+    """Slowdown accumulated from `since` to `now` added to `lost_s` (seconds of training progress).
+
+    A job at pace ``T`` whose healthy pace is ``T0`` makes progress at ``T0 / T`` of the healthy rate, so it
+    loses ``1 - T0 / T`` of every wall-clock second. Unknown paces add nothing (no evidence of a loss).
+    """
+    if pace_s is None or healthy_s is None or not (pace_s > 0 and healthy_s > 0) or now <= since:
+        return lost_s
+    return lost_s + (now - since) * max(0.0, 1.0 - healthy_s / pace_s)
+
+
+def judge(pace_before_s: float, pace_after_s: float, predicted_s: float | None, policy: Policy) -> tuple[bool, str]:
+    """Whether an action helped: it took back enough of the slowdown it was predicted to take back.
+
+    Returns:
+        (effective, one line saying why).
+    """
+    gain = pace_before_s - pace_after_s
+    need = policy.min_gain * pace_before_s
+    if predicted_s is not None and predicted_s < pace_before_s:
+        need = max(need, policy.effective_share * (pace_before_s - predicted_s))
+    eff = gain >= need
+    pred = "" if predicted_s is None else f", predicted {predicted_s:.3f} s"
+    return eff, (f"pace {pace_before_s:.3f} s -> {pace_after_s:.3f} s{pred}: "
+                 f"{'effective' if eff else 'ineffective'} (gain {gain:.3f} s, needed {need:.3f} s)")
+
+
+def recovered(pace_s: float | None, healthy_s: float | None, policy: Policy) -> bool:
+    """Whether the job's pace is back within ``recovered_ratio`` of its healthy pace."""
+    return pace_s is not None and healthy_s is not None and pace_s <= policy.recovered_ratio * healthy_s
+
+
+def ladder(suspects: Sequence[Suspect]) -> tuple[str, ...]:
+    """Applicable strategies by culprit kind, cheapest first (FALCON: compute → S2, S3; link → S3; S4 last).
+
+    Without a named suspect only S2 applies: the measured replica times may still show who is slow, and
+    there is no node to move away from.
+    """
+    kinds = {s.kind for s in suspects}
+    if "link" in kinds:
+        return ("topology", "restart")
+    if "compute" in kinds:
+        return ("rebalance", "topology", "restart")
+    return ("rebalance",)
+
+
+def bad_nodes(suspects: Sequence[Suspect], placement: Sequence[int] | None, nodes: Sequence[str]) -> list[str]:
+    """Names of the nodes the suspects sit on (a rank's node from the placement when it is known)."""
+    out: list[str] = []
+    for s in suspects:
+        name = s.node
+        if s.rank is not None and placement is not None and 0 <= s.rank < len(placement) \
+                and 0 <= placement[s.rank] < len(nodes):
+            name = nodes[placement[s.rank]]
+        if name and name not in out:
+            out.append(name)
+    return out
+
+
+def _gate(c: Candidate, pace: float | None, healthy: float | None, remaining_s: float, policy: Policy,
+          check_cost: bool = True) -> Candidate:
+    """Fill in the saving and the verdict of a candidate with a prediction."""
+    if c.predicted_s is None or pace is None:
+        return replace(c, ok=False, why=c.why or "no prediction (pace unknown)")
+    ref = healthy if healthy is not None else pace
+    # progress gained per wall second going forward, times the time it should last
+    saving = remaining_s * max(0.0, ref / c.predicted_s - ref / pace)
+    gain = 1.0 - c.predicted_s / pace
+    if gain < policy.min_gain:
+        return replace(c, saving_s=saving, ok=False,
+                       why=f"predicted {c.predicted_s:.3f} s vs {pace:.3f} s now: gain {gain:.1%} < {policy.min_gain:.0%}")
+    if check_cost and saving <= c.cost_s:
+        return replace(c, saving_s=saving, ok=False,
+                       why=f"predicted saving {saving:.1f} s over {remaining_s:.0f} s <= cost {c.cost_s:.1f} s")
+    return replace(c, saving_s=saving, ok=True,
+                   why=f"predicted {c.predicted_s:.3f} s vs {pace:.3f} s now, saving {saving:.1f} s > cost {c.cost_s:.1f} s")
+
+
+def candidate(strategy: str, event: EventView, job: JobView, costs: Costs) -> Candidate:
+    """One strategy's parameters and predicted iteration time for this event (ok is decided by the gate).
+
+    A candidate that cannot be formed (no model, nothing to exclude, ...) comes back with ``predicted_s``
+    None and ``why`` saying what is missing.
+    """
+    cost = costs.of(strategy)
+    if strategy == "rebalance":
+        if job.model is None or job.microbatches is None:
+            return Candidate(strategy, cost_s=cost, why="no per-rank compute times or micro-batch counts")
+        total = sum(job.microbatches)
+        try:
+            split = rebalance(job.model.times, total, 1, job.microbatch_upper, offsets=job.model.offsets)
+        except InputError as exc:
+            return Candidate(strategy, cost_s=cost, why=f"no split: {exc}")
+        counts = [int(x) for x in split.counts]
+        if tuple(counts) == tuple(job.microbatches):
+            return Candidate(strategy, {"counts": counts}, cost_s=cost, why="the current split is already optimal")
+        return Candidate(strategy, {"counts": counts, "from": list(job.microbatches)},
+                         predicted_s=job.model.predict(counts), cost_s=cost, formed=True)
+    if strategy == "topology":
+        if not job.topology:
+            return Candidate(strategy, cost_s=cost, why="no placement scored better than the current one")
+        best = min(job.topology, key=lambda o: o.predicted_s)
+        return Candidate(strategy, {"placement": list(best.placement), "why": best.why},
+                         predicted_s=best.predicted_s, cost_s=cost, formed=True)
+    if strategy == "restart":
+        exclude = bad_nodes(event.suspects, job.placement, job.nodes)
+        if not exclude:
+            return Candidate(strategy, cost_s=cost, why="no suspect node to exclude")
+        ranks = sorted({s.rank for s in event.suspects if s.rank is not None})
+        # Off the bad node the job runs as it did before the onset.
+        return Candidate(strategy, {"exclude_nodes": exclude, "exclude_ranks": ranks},
+                         predicted_s=job.healthy_s, cost_s=cost, formed=True,
+                         why="" if job.healthy_s is not None else "healthy pace unknown")
+    if strategy == "validate":
+        ranks = sorted({s.rank for s in event.suspects if s.rank is not None})
+        nodes = sorted({s.node for s in event.suspects if s.kind == "link" and s.node})
+        return Candidate(strategy, {"ranks": ranks, "nodes": nodes}, cost_s=cost, formed=bool(ranks or nodes),
+                         why="" if ranks or nodes else "no suspect to validate")
+    raise InputError(f"unknown strategy {strategy!r}")
+
+
+def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, force: str | None = None) -> Decision:
+    """What to do now about one event.
+
+    Args:
+        event: The event and its actions so far.
+        job: What was measured of the job now.
+        costs: The cost of each strategy on this cluster.
+        policy: The planner's knobs.
+        force: ``None`` for the planner's own rules; ``"auto"`` for a person asking for the planner's best
+            action now (no ski-rental wait, no cooldown, still the prediction gate); a strategy name for a
+            person asking for exactly that strategy (no wait, no gate, still applicability).
+
+    Returns:
+        The decision; ``ignore`` says why nothing is done now.
+    """
+    if force is not None and force != "auto" and force not in STRATEGIES:
+        raise InputError(f"unknown action {force!r} (auto or one of {', '.join(STRATEGIES)})")
+    in_flight = [a for a in event.actions if a.state in IN_FLIGHT and not a.dry_run]
+    if in_flight:
+        return Decision("ignore", f"{in_flight[-1].strategy} in flight ({in_flight[-1].state})", wait=True)
+    if force is None:
+        if not event.firing:
+            return Decision("ignore", "alert resolved: no new action", wait=True)
+        # validation leaves the pace as it was: nothing to wait for after it
+        ended = [a.ended_at for a in event.actions
+                 if a.ended_at is not None and not a.dry_run and a.strategy != "validate"]
+        if ended and job.now - max(ended) < policy.cooldown_s:
+            return Decision("ignore", f"cooldown: {policy.cooldown_s - (job.now - max(ended)):.0f} s left", wait=True)
+        if job.actions_last_hour >= policy.max_actions_per_hour:
+            return Decision("ignore", f"cap: {job.actions_last_hour} actions in the last hour", wait=True)
+
+    done = {a.strategy for a in event.actions if a.dry_run or a.state == "rejected"}
+    ineffective = set(job.ineffective) | {a.key for a in event.actions if a.effective is False}
+    applied = {a.strategy for a in event.actions if a.state == "succeeded" and not a.dry_run}
+    remaining = max(job.now - event.onset_ts, policy.horizon_min_s)
+    considered: list[Candidate] = []
+    if force is not None and force != "auto":
+        order: tuple[str, ...] = (force,)
+    else:
+        order = ladder(event.suspects)
+    for strategy in order:
+        if strategy not in job.capabilities:
+            considered.append(Candidate(strategy, cost_s=costs.of(strategy),
+                                        why="not supported by the job's adapter"))
+            continue
+        if force is None and strategy in done:
+            considered.append(Candidate(strategy, cost_s=costs.of(strategy),
+                                        why="already planned (dry run) or rejected in this event"))
+            continue
+        c = candidate(strategy, event, job, costs)
+        if not c.formed:
+            considered.append(c)
+            continue
+        if force is None and signature(strategy, c.params) in ineffective:
+            considered.append(replace(c, why="the same action did not help this job before"))
+            continue
+        if force not in (None, "auto"):  # a person asked for exactly this: no wait, no gate
+            if c.predicted_s is not None:
+                c = _gate(c, job.pace_s, job.healthy_s, remaining, policy, check_cost=False)
+            c = replace(c, ok=True, why=f"requested; {c.why}" if c.why else "requested")
+            return Decision(strategy, c.why, c, (*considered, c), needs_approval=strategy in policy.approval)
+        if c.predicted_s is None:
+            considered.append(c)
+            continue
+        if force is None and event.lost_s < c.cost_s:
+            # Ski rental: keep renting until the rent paid reaches this strategy's price.
+            considered.append(replace(c, why=f"accumulated slowdown {event.lost_s:.1f} s < cost {c.cost_s:.1f} s"))
+            return Decision("ignore", considered[-1].why, considered=tuple(considered))
+        c = _gate(c, job.pace_s, job.healthy_s, remaining, policy, check_cost=force is None)
+        if c.ok and strategy == "rebalance" and "rebalance" in applied and job.pace_s and c.predicted_s:
+            gain = 1.0 - c.predicted_s / job.pace_s
+            if gain < policy.retune_gain:
+                c = replace(c, ok=False, why=f"a split is in place; re-tuning gain {gain:.1%} < {policy.retune_gain:.0%}")
+        considered.append(c)
+        if not c.ok:
+            continue
+        if (strategy in policy.validate_before and "validate" in job.capabilities and event.validated is None
+                and "validate" not in done):
+            v = replace(candidate("validate", event, job, costs), ok=True,
+                        why=f"confirm the suspects before {strategy}")
+            considered.append(v)
+            return Decision("validate", v.why, v, tuple(considered))
+        if strategy in policy.validate_before and event.validated is False:
+            considered[-1] = replace(c, ok=False, why="validation cleared the suspects")
+            continue
+        return Decision(strategy, c.why, c, tuple(considered), needs_approval=strategy in policy.approval)
+    why = "; ".join(f"{c.strategy}: {c.why}" for c in considered) or "no applicable strategy"
+    return Decision("ignore", why, considered=tuple(considered))
+
+
+def restore(job: JobView, default: Sequence[int], policy: Policy) -> Candidate | None:
+    """After an event: a split back to `default` when the replicas are even again and it pays.
+
+    An uneven split chosen while a replica was slow makes the job slower once that replica recovers; the
+    planner returns to the job's own split when the model predicts it at least ``min_gain`` faster.
+    """
+    if job.model is None or job.microbatches is None or tuple(default) == tuple(job.microbatches):
+        return None
+    if sum(default) != sum(job.microbatches) or job.pace_s is None:
+        return None
+    pred = job.model.predict(list(default))
+    if pred > (1.0 - policy.min_gain) * job.pace_s:
+        return None
+    return Candidate("rebalance", {"counts": list(default), "from": list(job.microbatches), "restore": True},
+                     predicted_s=pred, ok=True,
+                     why=f"replicas even again: the job's own split predicted {pred:.3f} s vs {job.pace_s:.3f} s now")

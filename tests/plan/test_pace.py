@@ -1,0 +1,68 @@
+"""The pace model: calibrated on per-rank compute times, it predicts what a micro-batch split does."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from failslow.errors import InputError
+from failslow.plan.microbatch import rebalance
+from failslow.plan.pace import RankCompute, fit
+
+
+def _ranks(per_mb: np.ndarray, counts: list[int], tp: int = 1) -> list[RankCompute]:
+    out, r = [], 0
+    for d in range(per_mb.shape[0]):
+        for s in range(per_mb.shape[1]):
+            for k in range(tp):  # TP ranks of a stage: the slowest counts
+                out.append(RankCompute(r, d, s, per_mb[d, s] * counts[d] * (1.0 - 0.01 * k)))
+                r += 1
+    return out
+
+
+def test_calibration_reproduces_the_measured_iteration_and_the_pipeline_formula() -> None:
+    per_mb = np.array([[0.10, 0.12], [0.30, 0.12]])  # replica 1's stage 0 is slow
+    counts = [4, 4]
+    overhead = 0.07
+    replica = [(m - 1) * per_mb[d].max() + per_mb[d].sum() for d, m in enumerate(counts)]
+    T = overhead + max(replica)
+    m = fit(_ranks(per_mb, counts, tp=2), counts, T)
+    assert np.allclose(m.per_mb, per_mb)
+    assert m.overhead_s == pytest.approx(overhead)
+    assert m.predict(counts) == pytest.approx(T)
+    assert np.allclose(m.times, [0.12, 0.30]) and np.allclose(m.offsets, [0.10, 0.12])
+    assert m.imbalance() == pytest.approx(replica[1] / replica[0])
+    # what a split does: the slow replica's pipeline with 2 micro-batches, the fast one's with 6
+    assert m.predict([6, 2]) == pytest.approx(overhead + max(5 * 0.12 + 0.22, 1 * 0.30 + 0.42))
+
+
+def test_the_solver_and_the_model_agree_on_the_best_split() -> None:
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        dp, pp = int(rng.integers(2, 6)), int(rng.integers(1, 4))
+        per_mb = rng.uniform(0.05, 0.2, (dp, pp))
+        per_mb[rng.integers(dp), rng.integers(pp)] *= rng.uniform(1.5, 4.0)
+        counts = [4] * dp
+        m = fit(_ranks(per_mb, counts), counts, 5.0)
+        best = rebalance(m.times, sum(counts), offsets=m.offsets)
+        # no other split of the same total predicts a faster iteration (checked on every neighbour)
+        for i in range(dp):
+            for j in range(dp):
+                c = list(best.counts)
+                if i != j and c[i] > 1:
+                    c[i] -= 1
+                    c[j] += 1
+                    assert m.predict(c) >= m.predict(best.counts) - 1e-12
+
+
+@pytest.mark.parametrize("ranks, counts, T, words", [
+    ([], [4], 1.0, "no rank"),
+    ([RankCompute(0, 0, 0, 1.0)], [4, 4], 1.0, "no compute time for replica 1"),
+    ([RankCompute(0, 2, 0, 1.0)], [4, 4], 1.0, "outside"),
+    ([RankCompute(0, 0, 0, -1.0)], [4], 1.0, "positive"),
+    ([RankCompute(0, 0, 0, 1.0)], [0], 1.0, "counts"),
+    ([RankCompute(0, 0, 0, 1.0)], [4], float("nan"), "iteration time"),
+])
+def test_bad_input_is_refused(ranks, counts, T, words) -> None:
+    with pytest.raises(InputError, match=words):
+        fit(ranks, counts, T)

@@ -1,0 +1,275 @@
+"""The ski-rental planner, transition by transition, and two whole events run tick by tick."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from failslow.errors import InputError
+from failslow.plan.pace import RankCompute, fit
+from failslow.plan.policy import (
+    LEVEL,
+    Costs,
+    EventView,
+    JobView,
+    PastAction,
+    Policy,
+    Suspect,
+    TopologyOption,
+    accrue,
+    bad_nodes,
+    decide,
+    judge,
+    ladder,
+    recovered,
+    restore,
+    signature,
+)
+
+ALL = frozenset({"validate", "rebalance", "topology", "restart"})
+COSTS = Costs(validate=10, rebalance=2, topology=90, restart=120)
+
+
+def model(slow: float = 3.0, counts: tuple[int, ...] = (4, 4)):  # DP2 x PP2, rank 1 (dp 1, pp 0) slowed
+    per_mb = {(0, 0): 0.1, (0, 1): 0.1, (1, 0): 0.1 * slow, (1, 1): 0.1}
+    ranks = [RankCompute(r, d, p, per_mb[d, p] * counts[d]) for r, (d, p) in enumerate(per_mb)]
+    pace = max((counts[d] - 1) * max(per_mb[d, 0], per_mb[d, 1]) + per_mb[d, 0] + per_mb[d, 1] for d in (0, 1)) + 0.05
+    return fit(ranks, counts, pace), pace
+
+
+def job(now: float = 1000.0, **kw) -> JobView:
+    m, pace = model()
+    base = {"now": now, "pace_s": pace, "healthy_s": 0.55, "model": m, "microbatches": (4, 4),
+            "placement": (0, 1, 2, 3), "nodes": ("n0", "n1", "n2", "n3"), "capabilities": ALL}
+    return JobView(**{**base, **kw})
+
+
+def event(**kw) -> EventView:
+    # onset 1000 s before `job()`'s now: expected to last about as long again, so expensive actions can pay
+    base = {"job": "llm", "onset_ts": 0.0, "suspects": (Suspect("compute", 1, "n1"),), "lost_s": 50.0}
+    return EventView(**{**base, **kw})
+
+
+def test_compute_suspect_rebalances_first_with_the_exact_split_and_a_prediction() -> None:
+    d = decide(event(), job(), COSTS, Policy())
+    assert d.strategy == "rebalance" and not d.needs_approval and d.level == 2
+    assert d.chosen is not None and sum(d.chosen.params["counts"]) == 8
+    assert d.chosen.params["counts"][1] < 4 < d.chosen.params["counts"][0]  # the slow replica gets fewer
+    assert d.chosen.predicted_s is not None and d.chosen.predicted_s < job().pace_s
+    assert d.chosen.saving_s is not None and d.chosen.saving_s > d.chosen.cost_s
+
+
+@pytest.mark.parametrize("actions, firing, why", [
+    ((PastAction("rebalance", "running"),), True, "in flight"),
+    ((PastAction("restart", "pending_approval"),), True, "in flight"),
+    ((), False, "alert resolved"),
+    ((PastAction("rebalance", "succeeded", ended_at=990.0, effective=True),), True, "cooldown"),
+])
+def test_rules_that_make_the_planner_wait(actions, firing, why) -> None:
+    d = decide(event(actions=actions, firing=firing), job(), COSTS, Policy())
+    assert d.strategy == "ignore" and d.wait and why in d.reason
+
+
+def test_dry_run_plans_and_validation_do_not_block_or_cool_down() -> None:
+    # a dry-run plan is not in flight, and after validation there is nothing to wait for
+    d = decide(event(actions=(PastAction("topology", "planned", dry_run=True),
+                              PastAction("validate", "succeeded", ended_at=999.0))), job(), COSTS, Policy())
+    assert d.strategy == "rebalance"
+
+
+def test_cap_per_hour() -> None:
+    d = decide(event(), job(actions_last_hour=4), COSTS, Policy(max_actions_per_hour=4))
+    assert d.strategy == "ignore" and d.wait and "cap" in d.reason
+    assert decide(event(), job(actions_last_hour=3), COSTS, Policy(max_actions_per_hour=4)).strategy == "rebalance"
+
+
+def test_ski_rental_waits_until_the_slowdown_paid_the_strategys_price() -> None:
+    d = decide(event(lost_s=1.0), job(), COSTS, Policy())
+    assert d.strategy == "ignore" and not d.wait and "accumulated slowdown 1.0 s < cost 2.0 s" in d.reason
+    assert decide(event(lost_s=2.0), job(), COSTS, Policy()).strategy == "rebalance"
+
+
+def test_prediction_gate_too_little_gain_goes_to_the_next_rung() -> None:
+    # the job runs at 1.0 s instead of 0.55 s, but its replicas are within 2 %: no split is worth it
+    m, _ = model(slow=1.02)
+    m = fit([RankCompute(r, r // 2, r % 2, x) for r, x in enumerate(m.per_mb.ravel() * 4)], (4, 4), 1.0)
+    d = decide(event(lost_s=500.0), job(model=m, pace_s=1.0), COSTS, Policy())
+    reb = next(c for c in d.considered if c.strategy == "rebalance")
+    assert not reb.ok
+    assert "gain" in reb.why or "already optimal" in reb.why
+    assert d.strategy in ("validate", "restart")  # a long event: the expensive rungs pay (validated first)
+
+
+def test_prediction_gate_saving_must_beat_the_cost_over_the_expected_remaining_time() -> None:
+    # rebalance costs a lot here; a young event (remaining time estimated = its age, at least 60 s) does
+    # not save enough, an old one does
+    costs = replace(COSTS, rebalance=30.0)
+    young = decide(event(lost_s=40.0, onset_ts=990.0), job(), costs, Policy(horizon_min_s=10.0))
+    reb = next(c for c in young.considered if c.strategy == "rebalance")
+    assert not reb.ok and "<= cost" in reb.why
+    old = decide(event(lost_s=40.0, onset_ts=0.0), job(), costs, Policy(horizon_min_s=10.0))
+    assert old.strategy == "rebalance"
+
+
+def test_link_suspect_goes_to_topology_then_restart() -> None:
+    ev = event(suspects=(Suspect("link", None, "n2"),), lost_s=100.0, validated=True)
+    topo = (TopologyOption((0, 1, 3, 2), 0.6, "swap n2 and n3"),)
+    d = decide(ev, job(topology=topo), COSTS, Policy())
+    assert d.strategy == "topology" and d.chosen is not None and d.chosen.params["placement"] == [0, 1, 3, 2]
+    assert "rebalance" not in {c.strategy for c in d.considered}
+    # without a better placement: restart once its price is paid, excluding the link's node
+    d = decide(replace(ev, lost_s=130.0), job(), COSTS, Policy())
+    assert d.strategy == "restart" and d.needs_approval and d.chosen.params["exclude_nodes"] == ["n2"]
+    assert d.chosen.predicted_s == job().healthy_s
+
+
+def test_no_suspect_only_rebalances() -> None:
+    assert ladder(()) == ("rebalance",)
+    assert ladder((Suspect("compute", 1), Suspect("link", None, "n1"))) == ("topology", "restart")
+    d = decide(event(suspects=(), lost_s=1e4), job(), COSTS, Policy())
+    assert d.strategy == "rebalance"
+
+
+def test_only_what_the_adapter_supports() -> None:
+    d = decide(event(lost_s=1e4), job(capabilities=frozenset({"restart"})), COSTS, Policy(validate_before=frozenset()))
+    assert d.strategy == "restart"
+    assert any(c.strategy == "rebalance" and "not supported" in c.why for c in d.considered)
+    d = decide(event(lost_s=1e4), job(capabilities=frozenset()), COSTS, Policy())
+    assert d.strategy == "ignore"
+
+
+def test_the_same_action_is_not_taken_again_after_it_did_not_help() -> None:
+    first = decide(event(), job(), COSTS, Policy())
+    key = signature("rebalance", first.chosen.params)
+    d = decide(event(lost_s=60.0), job(ineffective=frozenset({key})), COSTS, Policy(validate_before=frozenset()))
+    assert d.strategy == "ignore"  # the split did not help; restart's price (120 s) not paid yet
+    assert any("did not help" in c.why for c in d.considered)
+    # in the event itself too, by what the action changed: another split would still be allowed
+    past = PastAction("rebalance", "succeeded", ended_at=800.0, effective=False, params=first.chosen.params)
+    d = decide(event(actions=(past,), lost_s=60.0), job(), COSTS, Policy())
+    assert d.strategy == "ignore" and any("did not help" in c.why for c in d.considered)
+    other = replace(past, params={"counts": [5, 3]})
+    assert decide(event(actions=(other,)), job(), COSTS, Policy(retune_gain=0.0)).strategy == "rebalance"
+
+
+def test_retuning_an_applied_split_needs_a_larger_gain() -> None:
+    past = PastAction("rebalance", "succeeded", ended_at=800.0, effective=True, params={"counts": [5, 3]})
+    m, pace = model(counts=(5, 3))  # the 5/3 split in place; the exact one is 6/2, a small further gain
+    jv = job(model=m, pace_s=pace, microbatches=(5, 3))
+    strict = decide(event(actions=(past,)), jv, COSTS, Policy(retune_gain=0.5))
+    assert strict.strategy != "rebalance"
+    assert any("re-tuning gain" in c.why for c in strict.considered)
+    assert decide(event(actions=(past,)), jv, COSTS, Policy(retune_gain=0.0)).strategy == "rebalance"
+
+
+def test_dry_run_plans_walk_the_ladder() -> None:
+    ev = event(lost_s=500.0, actions=(PastAction("rebalance", "planned", dry_run=True),), validated=True)
+    d = decide(ev, job(), COSTS, Policy())
+    assert d.strategy == "restart"  # rebalance already planned in this event; topology has no placement
+
+
+def test_validation_before_an_expensive_strategy() -> None:
+    ev = event(suspects=(Suspect("link", None, "n2"),), lost_s=500.0)
+    d = decide(ev, job(), COSTS, Policy())
+    assert d.strategy == "validate" and d.chosen.params == {"ranks": [], "nodes": ["n2"]}
+    assert LEVEL["validate"] == 1
+    assert decide(replace(ev, validated=True), job(), COSTS, Policy()).strategy == "restart"
+    cleared = decide(replace(ev, validated=False), job(), COSTS, Policy())
+    assert cleared.strategy == "ignore" and any("cleared" in c.why for c in cleared.considered)
+    # an adapter that cannot validate: straight to the strategy
+    assert decide(ev, job(capabilities=frozenset({"restart"})), COSTS, Policy()).strategy == "restart"
+
+
+def test_rejected_strategy_is_not_planned_again_in_the_event() -> None:
+    ev = event(suspects=(Suspect("link", None, "n2"),), lost_s=500.0, validated=True,
+               actions=(PastAction("restart", "rejected", ended_at=100.0),))
+    assert decide(ev, job(), COSTS, Policy()).strategy == "ignore"
+
+
+def test_a_person_can_force_the_planners_choice_or_one_strategy() -> None:
+    ev = event(lost_s=0.0, firing=False)
+    assert decide(ev, job(), COSTS, Policy()).strategy == "ignore"
+    auto = decide(ev, job(), COSTS, Policy(), force="auto")
+    assert auto.strategy == "rebalance"  # no ski-rental wait, but still the gate
+    forced = decide(ev, job(), COSTS, Policy(), force="restart")
+    assert forced.strategy == "restart" and forced.needs_approval and forced.reason.startswith("requested")
+    assert decide(ev, job(capabilities=frozenset({"rebalance"})), COSTS, Policy(), force="restart").strategy == "ignore"
+    with pytest.raises(InputError):
+        decide(ev, job(), COSTS, Policy(), force="reboot")
+
+
+def test_accrue_judge_recovered_restore_and_nodes() -> None:
+    assert accrue(0.0, 0.0, 10.0, 2.0, 1.0) == pytest.approx(5.0)  # half of every second is lost at 2x
+    assert accrue(3.0, 0.0, 10.0, None, 1.0) == 3.0
+    assert accrue(3.0, 0.0, 10.0, 0.9, 1.0) == 3.0  # faster than healthy loses nothing
+    eff, why = judge(2.0, 1.1, 1.0, Policy())
+    assert eff and "effective" in why
+    eff, why = judge(2.0, 1.9, 1.0, Policy())  # took back 0.1 of the predicted 1.0
+    assert not eff and "ineffective" in why
+    assert recovered(1.05, 1.0, Policy()) and not recovered(1.2, 1.0, Policy()) and not recovered(None, 1.0, Policy())
+    even, _ = model(slow=1.0, counts=(6, 2))
+    cand = restore(JobView(now=0, pace_s=even.iteration_s, model=even, microbatches=(6, 2)), (4, 4), Policy())
+    assert cand is not None and cand.params["counts"] == [4, 4] and cand.params["restore"]
+    slow, _ = model(slow=3.0, counts=(6, 2))  # still slow: the uneven split stays
+    assert restore(JobView(now=0, pace_s=slow.iteration_s, model=slow, microbatches=(6, 2)), (4, 4), Policy()) is None
+    assert bad_nodes((Suspect("compute", 2, "x"), Suspect("link", None, "n9")), (0, 1, 2, 3), ("a", "b", "c", "d")) == ["c", "n9"]
+
+
+def test_policy_and_costs_refuse_nonsense() -> None:
+    with pytest.raises(InputError):
+        Policy(min_gain=1.5)
+    with pytest.raises(InputError):
+        Policy(approval=frozenset({"reboot"}))
+    with pytest.raises(InputError):
+        Policy(recovered_ratio=0.5)
+    assert Costs().with_measured({"restart": 30.0, "nonsense": 1.0, "rebalance": float("nan")}).restart == 30.0
+    with pytest.raises(InputError):
+        Costs().of("reboot")
+
+
+def _run(ev: EventView, jv: JobView, seconds: float, effect, policy: Policy, step: float = 5.0):
+    """Tick the planner for `seconds`: accrue the slowdown, decide, apply what `effect` says an action does."""
+    decisions = []
+    t = jv.now
+    pace = jv.pace_s
+    for _ in range(int(seconds / step)):
+        t += step
+        lost = accrue(ev.lost_s, t - step, t, pace, jv.healthy_s)
+        ev = replace(ev, lost_s=lost)
+        jv = replace(jv, now=t, pace_s=pace)
+        d = decide(ev, jv, COSTS, policy)
+        decisions.append(d)
+        if d.strategy != "ignore":
+            pace, eff = effect(d, pace)
+            ev = replace(ev, actions=(*ev.actions, PastAction(d.strategy, "succeeded", ended_at=t, effective=eff,
+                                                                params=d.chosen.params)))
+            if d.strategy == "validate":
+                ev = replace(ev, validated=True)
+    return decisions, ev
+
+
+def test_a_short_event_stays_at_s1() -> None:
+    # a 2x job-wide slowdown for 90 s with no per-rank model (nothing to rebalance with): restart's price
+    # (120 s of lost progress) is never paid
+    jv = job(now=1000.0, pace_s=1.1, healthy_s=0.55, model=None)
+    decisions, ev = _run(event(onset_ts=1000.0, lost_s=0.0), jv, 90.0, lambda d, p: (p, None), Policy())
+    assert {d.strategy for d in decisions} == {"ignore"}
+    assert 40.0 < ev.lost_s < 50.0
+
+
+def test_a_long_severe_event_escalates_to_s4() -> None:
+    # the split does not help (the fault is not compute in the replica); the slowdown goes on at 3x until
+    # restart pays: it is planned (after validation), with approval
+    m, pace = model(slow=3.0)
+
+    def effect(d, p):
+        return p, None if d.strategy == "validate" else False
+
+    decisions, ev = _run(event(onset_ts=1000.0, lost_s=0.0), job(now=1000.0, model=m, pace_s=pace), 600.0, effect,
+                         Policy(cooldown_s=30.0))
+    acted = [d.strategy for d in decisions if d.strategy != "ignore"]
+    assert acted == ["rebalance", "validate", "restart"]
+    restart = decisions[[d.strategy for d in decisions].index("restart")]
+    assert restart.needs_approval and restart.level == 4
+    assert ev.lost_s >= COSTS.restart
