@@ -5,7 +5,8 @@ runs it:
 
 * **micro-batch redistribution** — how many micro-batches each DP replica runs per iteration; the
   loss of each micro-batch is divided by the total so the global-batch gradient is unchanged while
-  the total stays the same (a slow replica gets fewer, fast ones more);
+  the total stays the same (a slow replica gets fewer, fast ones more; the split itself comes from
+  the exact solver :func:`failslow.plan.rebalance`);
 * **checkpoint** — save model and optimizer state now (from a near-future iteration boundary);
 * **restart with a new placement** — checkpoint, stop, start again from the checkpoint with a
   different rank-to-node mapping (move a rank off a slow node or link).
@@ -24,15 +25,11 @@ runs it:
 
 from __future__ import annotations
 
-import json
-import os
-import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from failslow.errors import InputError
+from failslow.control import RunDirClient
 from failslow.topology import Layout
 
 
@@ -59,30 +56,6 @@ class TrainingAdapter(Protocol):
     def restart(self, placement: Sequence[int] | None = None, directory: str | Path | None = None) -> int:
         """Checkpoint, stop and restart with `placement`; returns the iteration resumed from."""
         ...
-
-
-def rebalance(weights: Sequence[float], total: int, minimum: int = 1) -> list[int]:
-    """Split `total` micro-batches over DP replicas in proportion to `weights` (e.g. 1 / slowness).
-
-    Largest-remainder rounding; every replica keeps at least `minimum`. The result sums to `total`,
-    which keeps the global batch (and so the gradient) unchanged.
-
-    Raises:
-        InputError: non-positive weights, or `total` too small for the minimum.
-    """
-    if not weights or min(weights) <= 0:
-        raise InputError(f"weights must be positive, got {list(weights)}")
-    n = len(weights)
-    if total < n * minimum:
-        raise InputError(f"{total} micro-batches cannot give {n} replicas {minimum} each")
-    spare = total - n * minimum
-    s = float(sum(weights))
-    ideal = [spare * w / s for w in weights]
-    counts = [int(x) for x in ideal]
-    order = sorted(range(n), key=lambda i: ideal[i] - counts[i], reverse=True)
-    for i in order[: spare - sum(counts)]:
-        counts[i] += 1
-    return [c + minimum for c in counts]
 
 
 class TestbedAdapter:
@@ -113,9 +86,8 @@ class FileControlAdapter:
     """:class:`TrainingAdapter` over the request/response files of a running testbed's run directory."""
 
     def __init__(self, run_dir: str | Path, timeout_s: float = 180.0) -> None:
-        self.run_dir, self.timeout_s = Path(run_dir), timeout_s
-        if not (self.run_dir / "requests").is_dir():
-            raise InputError(f"{run_dir} is not a running testbed's run directory (no requests/)")
+        self.client = RunDirClient(run_dir, timeout_s)
+        self.run_dir, self.timeout_s = self.client.run_dir, timeout_s
 
     def request(self, action: str, **args: Any) -> Any:
         """Send one request and wait for its response; returns the result.
@@ -124,21 +96,7 @@ class FileControlAdapter:
             InputError: the testbed refused the request (its message).
             TimeoutError: no response within the timeout (testbed gone or busy).
         """
-        rid = uuid.uuid4().hex[:12]
-        req = self.run_dir / "requests" / f"{rid}.json"
-        tmp = req.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"id": rid, "action": action, **args}))
-        os.replace(tmp, req)
-        resp = self.run_dir / "responses" / f"{rid}.json"
-        deadline = time.monotonic() + self.timeout_s
-        while time.monotonic() < deadline:
-            if resp.exists():
-                data = json.loads(resp.read_text())
-                if not data.get("ok"):
-                    raise InputError(str(data.get("error")))
-                return data.get("result")
-            time.sleep(0.05)
-        raise TimeoutError(f"testbed did not answer {action} within {self.timeout_s} s")
+        return self.client.request(action, **args)
 
     def layout(self) -> Layout:
         return Layout.from_mapping(self.request("status")["layout"])

@@ -599,11 +599,29 @@ class Testbed:
             os.replace(tmp, out)
         return len(reqs)
 
+    def status(self) -> dict[str, Any]:
+        """What a controller needs to know of the running job (the ``status`` request's answer).
+
+        ``microbatches`` is the split the newest control snapshot asks for (from its ``apply_at``
+        iteration); ``last_iteration_end_unix`` and ``recent_iteration_s`` (median of the last 10 iterations
+        of the slowest rank) let a controller measure the pause an action caused.
+        """
+        cur = self._current()
+        ends = [recs[-1]["end_unix"] for recs in self.records.values() if recs]
+        recent = sorted(r["dt"] for recs in self.records.values() for r in recs[-10:])
+        return {"layout": self.layout.to_dict(), "placement": self.placement, "num_nodes": self.num_nodes,
+                "completed": self.completed(), "faults": [f.spec for f in self.faults if f.active],
+                "run_dir": str(self.run_dir), "job": self.config.job,
+                "microbatches": cur.get("microbatches") or [self.config.micro_batches] * self.layout.dp,
+                "microbatches_from": cur.get("apply_at", 0), "segments": len(self._segments),
+                "last_iteration_end_unix": min(ends) if len(ends) == self.world_size else None,
+                "recent_iteration_s": recent[len(recent) // 2] if recent else None,
+                "iterations": self.config.iterations}
+
     def _handle(self, req: dict[str, Any]) -> Any:
         action = req.get("action")
         if action == "status":
-            return {"layout": self.layout.to_dict(), "placement": self.placement, "completed": self.completed(),
-                    "faults": [f.spec for f in self.faults if f.active], "run_dir": str(self.run_dir)}
+            return self.status()
         if action == "set_microbatches":
             return self.set_microbatches(req["counts"])
         if action == "checkpoint":

@@ -1,4 +1,4 @@
-"""Fault specs, schedules, micro-batch rebalancing and trace naming: pure logic, no processes."""
+"""Fault specs, schedules and trace naming: pure logic, no processes."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from failslow.errors import InputError
-from testbed.adapter import rebalance
 from testbed.config import stage_layers
 from testbed.faults import (
     CpuFault,
@@ -80,24 +79,6 @@ def test_rates() -> None:
     assert parse_rate("2mbps") == 16e6
     with pytest.raises(ValueError):
         parse_rate("0mbit")
-
-
-@pytest.mark.parametrize("weights, total", [([1, 1], 8), ([1, 0.5], 8), ([3, 1, 1, 1], 16), ([1, 1e-3], 8)])
-def test_rebalance_keeps_total_and_minimum(weights: list[float], total: int) -> None:
-    counts = rebalance(weights, total)
-    assert sum(counts) == total and min(counts) >= 1
-    # the faster replica (larger weight) never gets fewer micro-batches
-    order = sorted(range(len(weights)), key=lambda i: weights[i])
-    assert [counts[i] for i in order] == sorted(counts)
-
-
-def test_rebalance_proportional() -> None:
-    assert rebalance([1, 1], 8) == [4, 4]
-    assert rebalance([2, 1, 1], 8) == [4, 2, 2]
-    with pytest.raises(InputError):
-        rebalance([1, 1], 1)
-    with pytest.raises(InputError):
-        rebalance([1, -1], 8)
 
 
 def test_stage_layers_cover_all_blocks() -> None:
