@@ -72,6 +72,25 @@ _PER_NODE: dict[str, tuple[str, Count]] = {
 }
 
 
+# Label values of the per-process families without a job label (the remediator's): bounded enums.
+_ENUM_SIZES: dict[str, int] = {"outcome": 6, "strategy": 5, "result": 4}
+_HISTOGRAM_SERIES = 15  # per label set: at most 12 buckets, +Inf, _sum and _count
+
+
+def _per_process(labels: tuple[str, ...], type_: str) -> int | None:
+    """Series of a family with only enum labels, per process; None when a label is not a bounded enum."""
+    n = 1
+    for lab in labels:
+        if lab not in _ENUM_SIZES:
+            return None
+        n *= _ENUM_SIZES[lab]
+    if labels == ("strategy", "result"):
+        n = (_ENUM_SIZES["strategy"] - 1) * _ENUM_SIZES["result"]  # "ignore" is a decision, never an action
+    elif labels == ("strategy",) and type_ == "histogram":
+        n = (_ENUM_SIZES["strategy"] - 1) * _HISTOGRAM_SERIES
+    return n
+
+
 def _per_10k(per_node: int, s: Scale) -> int:
     return per_node * (s.gpus // s.gpus_per_node)
 
@@ -107,6 +126,9 @@ def render(scale: Scale | None = None) -> str:
         elif not m.labels:
             n, big = 0, 1
             node_cell, count_cell, big_cell = f"1 per {m.source} process", "-", "1"
+        elif "job" not in m.labels and (k := _per_process(m.labels, m.type)) is not None:
+            n, big = 0, k
+            node_cell, count_cell, big_cell = f"{k} per {m.source} process", "-", f"{k:,}"
         elif set(m.labels) <= {"job"}:
             n, big = 0, s.jobs_per_10k
             node_cell, count_cell, big_cell = f"1 per job ({m.source})", "-", f"{big:,}"

@@ -33,6 +33,9 @@ from failslow_cli.stack.processes import (
     redis_server,
     render_alertmanager,
     render_prometheus,
+    start_process,
+    stop_process,
+    wait_http,
 )
 
 
@@ -123,35 +126,6 @@ def _shipped_settings() -> dict[str, Any]:
             "group_interval": route.get("group_interval", am["group_interval"])}
 
 
-def _start(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-
-
-def _stop(proc: subprocess.Popen[Any]) -> None:
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-
-
-def _wait_http(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not answering after {timeout}s:\n{log.read_text()[-3000:]}")
-
-
 # A stop-the-world pause of 0.4 s in every iteration of one rank (GC-like, in the trainer). Chosen over a
 # CPU quota because its effect does not depend on how busy the shared 2-core machine is: with a dozen
 # other processes competing, a 0.3-core quota on one rank barely changes the iteration time.
@@ -214,21 +188,21 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
         cli = failslow_cli()
 
         exp_log = tmp / "exporter.log"
-        exporter = _start([*cli, "exporter", "--port", str(ports["exporter"]), "--address", "127.0.0.1",
+        exporter = start_process([*cli, "exporter", "--port", str(ports["exporter"]), "--address", "127.0.0.1",
                            "--ring-dir", str(rings), "--node", "testbed", "--collectors", "ring"], exp_log)
-        stack.callback(_stop, exporter)
+        stack.callback(stop_process, exporter)
         stack.callback(lambda: res.logs.__setitem__("exporter", exp_log.read_text()))
-        _wait_http(f"http://127.0.0.1:{ports['exporter']}/metrics", exporter, exp_log)
+        wait_http(f"http://127.0.0.1:{ports['exporter']}/metrics", exporter, exp_log)
 
         det_log = tmp / "detector.log"
-        detector = _start([*cli, "detector"], det_log, env={
+        detector = start_process([*cli, "detector"], det_log, env={
             "FAILSLOW_DETECTOR_PORT": str(ports["detector"]), "FAILSLOW_DETECTOR_ADDRESS": "127.0.0.1",
             "FAILSLOW_DETECTOR_PROMETHEUS_URL": prom.url, "FAILSLOW_DETECTOR_REDIS_URL": redis.url,
             # one poll per Prometheus scrape (the detector's own default, 15s, is for large fleets)
             "FAILSLOW_DETECTOR_POLL_INTERVAL_S": str(poll_s)})
-        stack.callback(_stop, detector)
+        stack.callback(stop_process, detector)
         stack.callback(lambda: res.logs.__setitem__("detector", det_log.read_text()))
-        _wait_http(f"http://127.0.0.1:{ports['detector']}/metrics", detector, det_log)
+        wait_http(f"http://127.0.0.1:{ports['detector']}/metrics", detector, det_log)
 
         tb = subprocess.Popen([*cli, "testbed", "run", "--dp", str(dp), "--pp", str(pp), "--iterations",
                                str(iterations), "--torch-hook", "--ring-dir", str(rings), "--job", job,
@@ -236,7 +210,7 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
                                *(["--progress"] if on_testbed_line is not None else [])],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        stack.callback(_stop, tb)
+        stack.callback(stop_process, tb)
         lines: list[str] = []
 
         def follow() -> None:
@@ -305,7 +279,7 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
         except (requests.RequestException, ValueError, KeyError) as e:
             res.prometheus_state = f"unavailable: {e}"
         res.job_stopped = time.time()
-        _stop(tb)
+        stop_process(tb)
         reader.join(timeout=10)
         res.testbed_log = "".join(lines)
     res.receiver_posts = list(receiver.posts)

@@ -9,6 +9,7 @@ process that does not become ready raise, so the calling test fails instead of s
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -193,14 +194,20 @@ REDIS = "/usr/bin/redis-server"
 
 
 @contextmanager
-def redis_server(workdir: Path, port: int, *, timeout: float = 20.0) -> Iterator[Service]:
-    """Run a private redis-server on 127.0.0.1:`port` (no persistence), stopped by PID."""
+def redis_server(workdir: Path, port: int, *, timeout: float = 20.0, persist: bool = False) -> Iterator[Service]:
+    """Run a private redis-server on 127.0.0.1:`port`, stopped by PID.
+
+    Without `persist` it keeps nothing on disk. With it, every write goes to an append-only file in `workdir`
+    (fsync'd at once), so a server started again on the same `workdir` has every key back: what a restart of
+    the remediator's Redis must not lose.
+    """
     require_binary(REDIS)
     workdir.mkdir(parents=True, exist_ok=True)
     log = workdir / "redis.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                 "--appendonly", "no", "--dir", str(workdir)], stdout=out, stderr=subprocess.STDOUT)
+    durability = ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
+    with open(log, "ab") as out:
+        proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *durability,
+                                 "--dir", str(workdir)], stdout=out, stderr=subprocess.STDOUT)
     svc = Service(proc, f"redis://127.0.0.1:{port}/0", log)
     try:
         deadline = time.monotonic() + timeout
@@ -220,6 +227,91 @@ def redis_server(workdir: Path, port: int, *, timeout: float = 20.0) -> Iterator
         yield svc
     finally:
         svc.stop()
+
+
+def start_process(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a failslow service (or any command) with its output in `log`."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+
+
+def stop_process(proc: subprocess.Popen[Any], *, kill: bool = False) -> None:
+    """Stop by PID: SIGTERM and reap (SIGKILL at once with `kill`, or when it does not exit in 20 s)."""
+    if proc.poll() is None:
+        if kill:
+            proc.kill()
+        else:
+            proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def wait_http(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 60) -> None:
+    """Wait until `url` answers 200 while `proc` lives; raise with the log tail otherwise."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
+        try:
+            if requests.get(url, timeout=1).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not answering after {timeout}s:\n{log.read_text()[-3000:]}")
+
+
+@dataclass
+class Remediator:
+    """A running `failslow remediator` process: its URL, token, config and log."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+    token: str
+    log: Path
+    workdir: Path
+
+    def headers(self) -> dict[str, str]:
+        """The Authorization header its API wants."""
+        return {"Authorization": f"Bearer {self.token}"}
+
+    def get(self, path: str, **params: Any) -> Any:
+        """GET a JSON document from its API."""
+        r = requests.get(self.url + path, params=params, headers=self.headers(), timeout=10)
+        r.raise_for_status()
+        return r.json()
+
+
+def start_remediator(workdir: Path, port: int, *, redis_url: str, prometheus_url: str, token: str,
+                     config: dict[str, Any] | None = None, mode: str = "dry-run", replica: str | None = None,
+                     env: dict[str, str] | None = None, timeout: float = 60.0) -> Remediator:
+    """Start `failslow remediator` on 127.0.0.1:`port` with a config written from `config`; wait for /healthz.
+
+    Stop it with :func:`stop_process` (``kill=True`` for a SIGKILL).
+    """
+    workdir.mkdir(parents=True, exist_ok=True)
+    token_file = workdir / "remediator.token"
+    if not token_file.exists():
+        token_file.write_text(token)
+        token_file.chmod(0o600)
+    cfg = workdir / "remediator.yml"
+    cfg.write_text(yaml.safe_dump(config or {}, sort_keys=False))
+    log = workdir / f"remediator-{replica or port}.log"
+    proc = start_process([*failslow_cli(), "remediator", "--config", str(cfg)], log, env={
+        "FAILSLOW_REMEDIATOR_HOST": "127.0.0.1", "FAILSLOW_REMEDIATOR_PORT": str(port),
+        "FAILSLOW_REMEDIATOR_REDIS_URL": redis_url, "FAILSLOW_REMEDIATOR_PROMETHEUS_URL": prometheus_url,
+        "FAILSLOW_REMEDIATOR_TOKEN_FILE": str(token_file), "FAILSLOW_REMEDIATOR_MODE": mode,
+        **({"FAILSLOW_REMEDIATOR_REPLICA": replica} if replica else {}), **(env or {})})
+    rem = Remediator(proc, f"http://127.0.0.1:{port}", token, log, workdir)
+    try:
+        wait_http(rem.url + "/healthz", proc, log, timeout)
+    except BaseException:
+        stop_process(proc)
+        raise
+    return rem
 
 
 @dataclass

@@ -1,0 +1,138 @@
+"""What the remediator reads from Prometheus about one job: its pace, its ranks' compute, the detector's onset.
+
+Queries (``J`` = the job label):
+
+* pace: ``quantile(0.5, failslow_iteration_duration_seconds{job=J})`` — the ranks of a job synchronise
+  every iteration, so their median is the job's iteration time; the series' newest sample time
+  (``max(failslow_last_iteration_timestamp_seconds{job=J})``) says whether it is current (a job paused
+  for a restart, or gone, has no current pace);
+* ranks: ``failslow_iteration_compute_seconds{job=J}`` with its ``rank``/``dp_rank``/``pp_rank``/``node``
+  labels (the pace model's input);
+* onset: ``max(failslow_detector_onset_timestamp_seconds{job=J})`` and the detector's
+  ``failslow_detector_slowdown_ratio``;
+* healthy pace: ``quantile(0.5, avg_over_time(failslow_iteration_duration_seconds{job=J}[2m]))`` evaluated
+  at the onset.
+
+Reading (HTTP) is separated from parsing (:func:`parse_vector`, pure).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import requests
+
+from failslow.plan.pace import RankCompute
+
+
+class PromUnavailable(RuntimeError):
+    """Prometheus did not answer or answered with an error."""
+
+
+def _esc(v: str) -> str:
+    return v.replace("\\", "\\\\").replace('"', '\\"')
+
+
+def parse_vector(doc: dict[str, Any]) -> list[tuple[dict[str, str], float]]:
+    """(labels, value) of each element of an instant-vector answer.
+
+    Raises:
+        PromUnavailable: an error answer or a malformed one.
+    """
+    if doc.get("status") != "success":
+        raise PromUnavailable(f"query failed: {doc.get('errorType')}: {doc.get('error')}")
+    data = doc.get("data") or {}
+    if data.get("resultType") != "vector":
+        raise PromUnavailable(f"expected a vector, got {data.get('resultType')!r}")
+    out = []
+    for item in data.get("result", []):
+        try:
+            out.append((dict(item["metric"]), float(item["value"][1])))
+        except (KeyError, IndexError, TypeError, ValueError) as exc:
+            raise PromUnavailable(f"malformed sample {item!r}: {exc}") from exc
+    return out
+
+
+@dataclass
+class RankSample:
+    """One rank's labels and compute time per iteration."""
+
+    rank: int
+    dp: int
+    pp: int
+    tp: int
+    node: str
+    compute_s: float
+
+
+@dataclass
+class JobObservation:
+    """One reading of a job (every field None / empty when Prometheus has nothing for it)."""
+
+    at: float
+    pace_s: float | None = None
+    last_iteration_ts: float | None = None
+    ranks: list[RankSample] = field(default_factory=list)
+    onset_ts: float | None = None
+    detector_ratio: float | None = None
+
+    @property
+    def computes(self) -> list[RankCompute]:
+        """The ranks as the pace model wants them."""
+        return [RankCompute(r.rank, r.dp, r.pp, r.compute_s) for r in self.ranks]
+
+    def current(self, stale_after_s: float) -> bool:
+        """Whether the pace is current (the job finished an iteration within `stale_after_s`)."""
+        return (self.pace_s is not None and self.last_iteration_ts is not None
+                and self.at - self.last_iteration_ts <= stale_after_s)
+
+
+class Prometheus:
+    """Instant queries against one Prometheus (blocking; the service calls it from a worker thread)."""
+
+    def __init__(self, base_url: str, timeout_s: float = 5.0, session: requests.Session | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.session = session or requests.Session()
+
+    def query(self, expr: str, at: float | None = None) -> list[tuple[dict[str, str], float]]:
+        """Evaluate `expr` now (or at Unix time `at`)."""
+        params = {"query": expr}
+        if at is not None:
+            params["time"] = f"{at:.3f}"
+        try:
+            resp = self.session.post(f"{self.base_url}/api/v1/query", data=params, timeout=self.timeout_s)
+            doc = resp.json()
+        except (requests.RequestException, ValueError) as exc:
+            raise PromUnavailable(f"{self.base_url}: {exc}") from exc
+        return parse_vector(doc)
+
+    def scalar(self, expr: str, at: float | None = None) -> float | None:
+        """The single value of `expr`, or None when it has none (or it is not finite)."""
+        vals = [v for _l, v in self.query(expr, at) if math.isfinite(v)]
+        return vals[0] if vals else None
+
+    def observe(self, job: str, now: float) -> JobObservation:
+        """Read the job's pace, ranks and detector state now."""
+        sel = f'job="{_esc(job)}"'
+        obs = JobObservation(at=now)
+        obs.pace_s = self.scalar(f"quantile(0.5, failslow_iteration_duration_seconds{{{sel}}})")
+        obs.last_iteration_ts = self.scalar(f"max(failslow_last_iteration_timestamp_seconds{{{sel}}})")
+        for labels, value in self.query(f"failslow_iteration_compute_seconds{{{sel}}}"):
+            try:
+                obs.ranks.append(RankSample(int(labels["rank"]), int(labels.get("dp_rank", "0")),
+                                            int(labels.get("pp_rank", "0")), int(labels.get("tp_rank", "0")),
+                                            labels.get("node", ""), value))
+            except (KeyError, ValueError):
+                continue
+        obs.onset_ts = self.scalar(f"max(failslow_detector_onset_timestamp_seconds{{{sel}}})")
+        obs.detector_ratio = self.scalar(f"max(failslow_detector_slowdown_ratio{{{sel}}})")
+        return obs
+
+    def healthy_pace(self, job: str, onset_ts: float) -> float | None:
+        """The job's iteration time over the two minutes before `onset_ts`."""
+        sel = f'job="{_esc(job)}"'
+        return self.scalar(f"quantile(0.5, avg_over_time(failslow_iteration_duration_seconds{{{sel}}}[2m]))",
+                           at=onset_ts)

@@ -1,0 +1,722 @@
+"""The remediator: deliveries in, events kept, the planner run on its own clock, actions carried out safely.
+
+One :class:`Remediator` per process. Its parts and who calls them:
+
+* :meth:`Remediator.ingest` — the webhook route, for every Alertmanager delivery: stores what is new exactly
+  once (the store's WATCH transaction on the delivery keys) and wakes the planner for a job whose event
+  opened or whose suspects changed. A repeat changes nothing.
+* :meth:`Remediator.run` — the planner loop: every ``tick_s`` (and at once when woken) it takes each job
+  with an open event under the job's lock (one replica plans a job at a time), reads the job's pace from
+  Prometheus and its shape from its adapter, accrues the slowdown since onset, recovers actions whose
+  replica died, judges finished actions after the cooldown, closes the event when the alert resolved and
+  the pace is confirmed back, and asks :func:`failslow.plan.policy.decide` what to do.
+* :meth:`Remediator.remediate`, :meth:`approve`, :meth:`reject` — the manual API.
+* actions run in worker threads (adapter calls block); a running action holds a liveness lease in Redis
+  that its replica renews, so a replica killed mid-action is noticed and its action recovered through the
+  adapter (:meth:`TrainingAdapter.recover`) — never started again.
+
+Dry-run (the default mode) plans and audits every decision the auto mode would act on, and acts on nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from failslow.errors import InputError
+from failslow.plan.pace import PaceModel, fit
+from failslow.plan.policy import (
+    IN_FLIGHT,
+    LEVEL,
+    Costs,
+    Decision,
+    EventView,
+    JobView,
+    PastAction,
+    Suspect,
+    accrue,
+    decide,
+    judge,
+    recovered,
+    restore,
+    signature,
+)
+from remediator.adapters import build
+from remediator.adapters.base import (
+    ActionOutcome,
+    ActionRequest,
+    AdapterError,
+    ConfigError,
+    JobInfo,
+    TrainingAdapter,
+)
+from remediator.config import RemediatorConfig
+from remediator.events import apply_alerts, new_event
+from remediator.metrics import RemediatorMetrics
+from remediator.observe import JobObservation, Prometheus, PromUnavailable
+from remediator.payload import Alert, Notification, RemediateRequest
+from remediator.settings import Settings
+from remediator.store import Store, Unavailable, new_id
+
+log = logging.getLogger("failslow.remediator")
+
+
+class RequestRefused(Exception):
+    """A manual request that cannot be carried out: HTTP status and a JSON body for the answer."""
+
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        super().__init__(body.get("detail", ""))
+        self.status, self.body = status, body
+
+
+def _suspects(doc: list[dict[str, Any]]) -> tuple[Suspect, ...]:
+    return tuple(Suspect(s.get("kind", ""), s.get("rank"), s.get("node", "")) for s in doc)
+
+
+def _past(actions: list[dict[str, Any]], dry_run_mode: bool) -> tuple[PastAction, ...]:
+    # Dry-run plans walk the ladder only while planning dry: once a person switches to auto, an event planned
+    # dry is acted on from the bottom rung.
+    return tuple(PastAction(a["strategy"], a["state"], bool(a.get("dry_run")), a.get("ended_at"),
+                            (a.get("measured") or {}).get("effective"), a.get("params") or {})
+                 for a in actions if dry_run_mode or not a.get("dry_run"))
+
+
+def _decision_key(d: Decision) -> str:
+    return f"{d.strategy}:{d.reason.split(' ')[0]}"
+
+
+class Remediator:
+    """The service's state machine; dependencies are passed in (production ones built by :func:`build_service`)."""
+
+    def __init__(self, settings: Settings, config: RemediatorConfig, store: Store, prom: Prometheus,
+                 metrics: RemediatorMetrics, clock: Callable[[], float] = time.time) -> None:
+        self.settings, self.config, self.store, self.prom = settings, config, store, prom
+        self.metrics, self.clock = metrics, clock
+        self.auto = settings.mode == "auto"
+        self.metrics.auto.set(1 if self.auto else 0)
+        self._adapters: dict[str, TrainingAdapter | None] = {}
+        self._adapter_errors: dict[str, str] = {}
+        self._executing: dict[str, asyncio.Task[None]] = {}
+        self._kicked: list[str] = []
+        self._wake = asyncio.Event()
+        self._stop = asyncio.Event()
+        self._last_full = 0.0
+        self.prom_ok = False  # whether Prometheus answered the last query (the status page shows it)
+        self._prom_warned = False
+
+    # ================================================================== deliveries
+    async def ingest(self, note: Notification) -> dict[str, Any]:
+        """Store one Alertmanager delivery; returns what became of each alert.
+
+        Raises:
+            Unavailable: Redis is away (the route answers 503; Alertmanager retries).
+        """
+        now = self.clock()
+        by_job: dict[str, list[Alert]] = {}
+        unlabelled = 0
+        for a in note.alerts:
+            job = a.labels.get("job", "")
+            if job:
+                by_job.setdefault(job, []).append(a)
+            else:
+                unlabelled += 1
+        outcomes: list[str] = []
+        events: list[str] = []
+        try:
+            for job, alerts in by_job.items():
+                eid = new_id("ev")
+
+                def apply(ev: dict[str, Any] | None, fresh: list[int], seen: dict[str, dict[str, Any]],
+                          alerts: list[Alert] = alerts, eid: str = eid,
+                          ) -> tuple[dict[str, Any] | None, list[str], dict[str, dict[str, Any]]]:
+                    return apply_alerts(ev, [alerts[i] for i in fresh], seen, now, eid)
+
+                audit = {"status": note.status, "receiver": note.receiver, "group_key": note.group_key,
+                         "truncated_alerts": note.truncated_alerts,
+                         "alerts": [{"fingerprint": a.fingerprint, "status": a.status, "starts_at": a.starts_at_s,
+                                     "alertname": a.labels.get("alertname", ""),
+                                     "suspect": {k: a.labels[k] for k in ("kind", "rank", "node") if k in a.labels}}
+                                    for a in alerts[:50]]}
+                res = await self.store.ingest(job, [a.key for a in alerts], [a.fingerprint for a in alerts], now,
+                                              self.settings.dedupe_ttl_s, apply, audit)
+                outcomes.extend(res.outcomes)
+                if res.event is not None:
+                    events.append(res.event["id"])
+                if res.changed:
+                    self.kick(job)
+        except Unavailable:
+            self.metrics.redis_up.set(0)
+            self.metrics.deliveries.labels("unavailable").inc()
+            raise
+        self.metrics.redis_up.set(1)
+        if "accepted" in outcomes:
+            overall = "accepted"
+        elif "stale" in outcomes:
+            overall = "stale"
+        else:
+            overall = "duplicate"
+        self.metrics.deliveries.labels(overall).inc()
+        return {"outcome": overall, "alerts": outcomes, "events": sorted(set(events)),
+                "ignored_without_job_label": unlabelled}
+
+    def kick(self, job: str) -> None:
+        """Plan `job` now rather than at the next tick."""
+        if job not in self._kicked:
+            self._kicked.append(job)
+        self._wake.set()
+
+    # ================================================================== the planner loop
+    async def run(self) -> None:
+        """Plan every open event each ``tick_s`` (and kicked jobs at once) until :meth:`stop`."""
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=self.settings.tick_s)
+            self._wake.clear()
+            if self._stop.is_set():
+                break
+            jobs, self._kicked = list(self._kicked), []
+            try:
+                if time.monotonic() - self._last_full >= self.settings.tick_s or not jobs:
+                    self._last_full = time.monotonic()
+                    open_ev = await self.store.open_events()
+                    tidy = await self.store.tidy_jobs()
+                    self.metrics.open_events.set(len(open_ev))
+                    jobs += [j for j in [*open_ev, *tidy] if j not in jobs]
+                self.metrics.redis_up.set(1)
+            except Unavailable as exc:
+                self.metrics.redis_up.set(0)
+                log.warning("planner: %s", exc)
+                continue
+            for job in jobs:
+                if self._stop.is_set():
+                    break
+                try:
+                    await self.plan_job(job)
+                except Unavailable as exc:
+                    self.metrics.redis_up.set(0)
+                    log.warning("planner: job %s postponed: %s", job, exc)
+                except Exception:  # one job's bug must not stop planning for the others
+                    log.exception("planner: job %s failed", job)
+
+    async def stop(self, grace_s: float = 20.0) -> None:
+        """Stop planning; give running actions `grace_s` to finish (their leases cover the rest)."""
+        self._stop.set()
+        self._wake.set()
+        running = list(self._executing.values())
+        if running:
+            await asyncio.wait(running, timeout=grace_s)
+
+    async def plan_job(self, job: str) -> Decision | None:
+        """One planner pass over `job` under its lock; returns the decision (None: nothing to plan)."""
+        token = await self.store.lock(job, self.settings.lock_lease_s)
+        if token is None:
+            return None  # another replica is planning this job
+        try:
+            eid = (await self.store.open_events()).get(job)
+            ev = await self.store.get_event(eid) if eid else None
+            if ev is None or ev.get("state") != "open":
+                await self._tidy(job)
+                return None
+            return await self._plan_event(ev)
+        finally:
+            await self.store.unlock(job, token)
+
+    # ------------------------------------------------------------------ adapters
+    def adapter_for(self, job: str, labels: dict[str, str]) -> TrainingAdapter | None:
+        """The job's adapter from the config (None: no rule covers the job, or its options are bad)."""
+        if job in self._adapters:
+            return self._adapters[job]
+        rule = self.config.rule_for(job)
+        adapter: TrainingAdapter | None = None
+        if rule is not None:
+            try:
+                adapter = build(rule.adapter, job, labels, rule.options)
+            except ConfigError as exc:
+                self._adapter_errors[job] = f"adapter {rule.adapter}: {exc}"
+                log.error("job %s: %s", job, self._adapter_errors[job])
+        self._adapters[job] = adapter
+        return adapter
+
+    async def _info(self, adapter: TrainingAdapter | None) -> JobInfo | None:
+        if adapter is None:
+            return None
+        try:
+            return await asyncio.to_thread(adapter.info)
+        except AdapterError as exc:
+            log.warning("adapter %s: info: %s", adapter.kind, exc)
+            return None
+
+    async def _observe(self, job: str, now: float) -> JobObservation | None:
+        try:
+            obs = await asyncio.to_thread(self.prom.observe, job, now)
+        except PromUnavailable as exc:
+            self.metrics.prom_up.set(0)
+            if self.prom_ok or not self._prom_warned:  # say it when it goes away, not at every tick
+                log.warning("prometheus unavailable (no pace until it answers): %s", exc)
+                self._prom_warned = True
+            self.prom_ok = False
+            return None
+        self.metrics.prom_up.set(1)
+        self.prom_ok = True
+        return obs
+
+    async def _costs(self, adapter: TrainingAdapter | None) -> Costs:
+        if adapter is None:
+            return self.config.costs
+        measured = {k.split(":", 1)[1]: v["ewma_s"] for k, v in (await self.store.costs()).items()
+                    if k.startswith(f"{adapter.kind}:")}
+        return self.config.costs.with_measured(measured)
+
+    # ------------------------------------------------------------------ one event
+    async def _inputs(self, ev: dict[str, Any], now: float) -> tuple[JobView, dict[str, Any], Costs, list[dict[str, Any]],
+                                                                       TrainingAdapter | None]:
+        """Measure everything the planner needs for `ev`; returns the job view, the event fields to store,
+        the costs, the event's actions and the adapter."""
+        job = ev["job"]
+        adapter = self.adapter_for(job, ev.get("labels") or {})
+        obs = await self._observe(job, now)
+        info = await self._info(adapter)
+        upd: dict[str, Any] = {}
+        onset = float(ev["onset"])
+        if obs is not None and obs.onset_ts is not None and ev.get("onset_source") != "detector" and not ev.get("manual"):
+            onset, upd["onset"], upd["onset_source"] = obs.onset_ts, obs.onset_ts, "detector"
+        healthy = ev.get("healthy_s")
+        if healthy is None and obs is not None:
+            with contextlib.suppress(PromUnavailable):
+                healthy = await asyncio.to_thread(self.prom.healthy_pace, job, onset - 5.0)
+            if healthy is None and obs.pace_s and obs.detector_ratio and obs.detector_ratio > 0:
+                healthy = obs.pace_s / obs.detector_ratio
+            if healthy is not None:
+                upd["healthy_s"] = healthy
+        pace = obs.pace_s if obs is not None and obs.current(self.settings.stale_after_s) else None
+        upd["pace_s"] = pace
+        upd["ratio"] = None if pace is None or not healthy else pace / healthy
+        upd["lost_s"] = accrue(float(ev.get("lost_s") or 0.0), float(ev.get("last_tick") or onset), now, pace, healthy)
+        upd["last_tick"] = now
+        upd["last_seen_series"] = now if obs is not None and obs.last_iteration_ts is not None else ev.get("last_seen_series")
+        if info is not None:
+            upd["info"] = info.to_json()
+        if adapter is not None:
+            upd["adapter"] = adapter.kind
+        model: PaceModel | None = None
+        if pace is not None and info is not None and info.microbatches and obs is not None and obs.ranks:
+            try:
+                model = fit(obs.computes, info.microbatches, pace)
+            except InputError as exc:
+                log.info("job %s: no pace model: %s", job, exc)
+        memory = await self.store.job_memory(job)
+        inef = frozenset(s for s, until in (memory.get("ineffective") or {}).items() if until > now)
+        actions = await self.store.get_actions(ev.get("actions") or [])
+        view = JobView(
+            now=now, pace_s=pace, healthy_s=healthy, model=model,
+            microbatches=tuple(info.microbatches) if info is not None and info.microbatches else None,
+            placement=tuple(info.placement) if info is not None and info.placement else None,
+            nodes=tuple(info.nodes) if info is not None else (),
+            capabilities=adapter.capabilities() if adapter is not None else frozenset(),
+            ineffective=inef,
+            actions_last_hour=await self.store.started_since(job, now - 3600.0),
+        )
+        return view, upd, await self._costs(adapter), actions, adapter
+
+    async def _plan_event(self, ev: dict[str, Any]) -> Decision:
+        now = self.clock()
+        job = ev["job"]
+        view, upd, costs, actions, adapter = await self._inputs(ev, now)
+        policy = self.config.policy
+        for a in actions:
+            if a["state"] == "running" and a["id"] not in self._executing and not await self.store.alive(a["id"]):
+                await self._recover(a, adapter)
+            elif (a["state"] == "succeeded" and not a.get("dry_run") and a["strategy"] != "validate"
+                  and (a.get("measured") or {}).get("effective") is None and a.get("ended_at")
+                  and now - a["ended_at"] >= policy.cooldown_s and view.pace_s is not None):
+                await self._judge(a, view.pace_s)
+        actions = await self.store.get_actions(ev.get("actions") or [])
+        ev_view = EventView(job=job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
+                            suspects=_suspects(ev.get("suspects") or []), lost_s=float(upd["lost_s"]),
+                            validated=ev.get("validated"), actions=_past(actions, not self.auto))
+        memory = await self.store.job_memory(job)
+        view = replace(view, ineffective=frozenset(s for s, u in (memory.get("ineffective") or {}).items() if u > now))
+        close = self._close_reason(ev, view, upd, now)
+        if close is not None and not any(a["state"] in IN_FLIGHT and not a.get("dry_run") for a in actions):
+            await self.store.mutate_event(ev["id"], lambda d: {**d, **upd, "state": "closed", "closed_at": now,
+                                                                 "close_reason": close},
+                                          audit={"kind": "event", "what": "closed", "reason": close})
+            log.info("event %s of %s closed: %s", ev["id"], job, close)
+            return Decision("ignore", f"closed: {close}", wait=True)
+        decision = decide(ev_view, view, costs, policy)
+        if adapter is None and decision.strategy == "ignore":
+            why = self._adapter_errors.get(job, "no adapter configured for the job")
+            decision = replace(decision, reason=f"{why}; {decision.reason}")
+        last = ev.get("last_decision") or {}
+        if last.get("key") != _decision_key(decision):
+            self.metrics.decisions.labels(decision.strategy).inc()
+            await self.store.audit("decision", job=job, event=ev["id"], data={**decision.to_json(), "pace_s": view.pace_s,
+                                                                              "healthy_s": view.healthy_s,
+                                                                              "lost_s": ev_view.lost_s})
+        upd["last_decision"] = {"key": _decision_key(decision), "strategy": decision.strategy,
+                                "reason": decision.reason, "at": now,
+                                "chosen": None if decision.chosen is None else decision.chosen.to_json()}
+        if decision.strategy != "ignore" and adapter is not None:
+            await self._act(ev, decision, adapter, view, requested_by="planner", dry_run=not self.auto)
+            upd["level"] = max(int(ev.get("level") or 1), LEVEL[decision.strategy])
+        await self.store.mutate_event(ev["id"], lambda d: {**d, **upd, "level": max(int(d.get("level") or 1),
+                                                                                       int(upd.get("level", 1)))})
+        return decision
+
+    def _close_reason(self, ev: dict[str, Any], view: JobView, upd: dict[str, Any], now: float) -> str | None:
+        if ev.get("firing"):
+            return None
+        resolved_at = float(ev.get("resolved_at") or now)
+        healthy = view.healthy_s
+        if recovered(view.pace_s, healthy, self.config.policy):
+            assert view.pace_s is not None and healthy is not None
+            return f"alert resolved and pace confirmed back: {view.pace_s:.3f} s vs healthy {healthy:.3f} s"
+        last_seen = upd.get("last_seen_series") or ev.get("opened_at")
+        if view.pace_s is None and now - float(last_seen) > self.settings.stale_after_s:
+            return f"alert resolved and the job has had no iteration series for {now - float(last_seen):.0f} s (ended)"
+        if now - resolved_at > self.settings.confirm_timeout_s:
+            pace = "unknown" if view.pace_s is None else f"{view.pace_s:.3f} s"
+            return (f"alert resolved {now - resolved_at:.0f} s ago; pace {pace} not confirmed back "
+                    f"within {self.settings.confirm_timeout_s:.0f} s")
+        return None
+
+    # ------------------------------------------------------------------ actions
+    async def _act(self, ev: dict[str, Any], decision: Decision, adapter: TrainingAdapter, view: JobView, *,
+                   requested_by: str, dry_run: bool, reason: str = "", approve: bool = False,
+                   action_id: str | None = None) -> tuple[dict[str, Any], bool]:
+        chosen = decision.chosen
+        assert chosen is not None
+        now = self.clock()
+        action = {
+            "id": action_id or new_id("act"), "event_id": ev["id"], "job": ev["job"], "strategy": decision.strategy,
+            "state": "planned", "created_at": now, "started_at": None, "ended_at": None, "dry_run": dry_run,
+            "requested_by": requested_by, "reason": reason or decision.reason, "params": chosen.params,
+            "adapter": adapter.kind, "labels": ev.get("labels") or {},
+            "predicted": {"pace_s": chosen.predicted_s, "saving_s": chosen.saving_s, "cost_s": chosen.cost_s,
+                          "pace_before_s": view.pace_s, "healthy_s": view.healthy_s},
+            "measured": {}, "outcome": None, "needs_approval": decision.needs_approval and not approve,
+            "decision": decision.to_json(), "first_delivery_at": ev.get("first_delivery_at"),
+        }
+        action, created = await self.store.create_action(action, {"strategy": decision.strategy,
+                                                                  "dry_run": dry_run, "params": chosen.params,
+                                                                  "predicted": action["predicted"],
+                                                                  "requested_by": requested_by})
+        if not created:
+            return action, False
+        log.info("job %s: %s %s %s (%s)", ev["job"], "plan" if dry_run else "action", decision.strategy,
+                 chosen.params, decision.reason)
+        if dry_run:
+            self.metrics.actions.labels(decision.strategy, "dry_run").inc()
+            return action, True
+        if action["needs_approval"]:
+            action, _ = await self.store.transition(action["id"], ("planned",),
+                                                    lambda a: {**a, "state": "pending_approval"},
+                                                    {"why": "needs approval"})
+            return action or {}, True
+        return await self._start(action["id"], "planner" if requested_by == "planner" else "manual"), True
+
+    async def _start(self, action_id: str, by: str) -> dict[str, Any]:
+        now = self.clock()
+
+        def run(a: dict[str, Any]) -> dict[str, Any]:
+            lat = None if a.get("first_delivery_at") is None else max(0.0, now - float(a["first_delivery_at"]))
+            return {**a, "state": "running", "started_at": now, "started_by": by, "decision_latency_s": lat}
+
+        action, changed = await self.store.transition(action_id, ("planned", "pending_approval"), run,
+                                                      {"by": by, "lease_ms": int(self.settings.lock_lease_s * 1000)})
+        if action is None or not changed:
+            raise RequestRefused(409, {"detail": "action is not waiting to run", "action": action})
+        if action.get("decision_latency_s") is not None:
+            self.metrics.latency.labels(action["strategy"]).observe(action["decision_latency_s"])
+        adapter = self._adapters.get(action["job"]) or self.adapter_for(action["job"], action.get("labels") or {})
+        task = asyncio.create_task(self._execute(action, adapter))
+        self._executing[action_id] = task
+        return action
+
+    async def _execute(self, action: dict[str, Any], adapter: TrainingAdapter | None) -> None:
+        aid = action["id"]
+        self.metrics.in_flight.inc()
+        lease = self.settings.lock_lease_s
+
+        async def heartbeat() -> None:
+            while True:
+                await asyncio.sleep(lease / 3)
+                with contextlib.suppress(Unavailable):
+                    await self.store.keep_alive(aid, lease)
+
+        beat = asyncio.create_task(heartbeat())
+        t0 = time.monotonic()
+        try:
+            req = ActionRequest(aid, action["job"], action["strategy"], action.get("params") or {},
+                                action.get("reason", ""), action.get("labels") or {})
+            if adapter is None:
+                outcome = ActionOutcome(False, "no adapter for the job")
+            else:
+                try:
+                    outcome = await asyncio.to_thread(adapter.execute, req)
+                except AdapterError as exc:
+                    outcome = ActionOutcome(False, f"{'transient: ' if exc.transient else ''}{exc}")
+                except Exception as exc:  # an adapter bug is a failed action, not a dead service
+                    log.exception("adapter %s crashed on %s", getattr(adapter, "kind", "?"), aid)
+                    outcome = ActionOutcome(False, f"adapter error: {type(exc).__name__}: {exc}")
+            await self._finish(action, outcome, time.monotonic() - t0, adapter)
+        finally:
+            beat.cancel()
+            self.metrics.in_flight.dec()
+            self._executing.pop(aid, None)
+            self.kick(action["job"])
+
+    async def _finish(self, action: dict[str, Any], outcome: ActionOutcome, duration_s: float | None,
+                      adapter: TrainingAdapter | None, recovered_by: str | None = None) -> None:
+        """Record an action's end; retried until Redis takes it (the outcome must not be lost)."""
+        now = self.clock()
+        state = "succeeded" if outcome.ok else "failed"
+        healthy = (action.get("predicted") or {}).get("healthy_s")
+        cost = None
+        if outcome.pause_s is not None or outcome.iterations_lost is not None:
+            cost = (outcome.pause_s or 0.0) + (outcome.iterations_lost or 0) * float(healthy or 0.0)
+
+        def end(a: dict[str, Any]) -> dict[str, Any]:
+            m = {**(a.get("measured") or {}), "duration_s": duration_s, "pause_s": outcome.pause_s,
+                 "iterations_lost": outcome.iterations_lost, "cost_s": cost}
+            return {**a, "state": state, "ended_at": now, "outcome": outcome.to_json(), "measured": m,
+                    **({"recovered_by": recovered_by} if recovered_by else {})}
+
+        while True:
+            try:
+                done, changed = await self.store.transition(action["id"], ("running",), end,
+                                                            {"outcome": outcome.to_json(), "duration_s": duration_s,
+                                                             **({"recovered_by": recovered_by} if recovered_by else {})})
+                break
+            except Unavailable as exc:
+                self.metrics.redis_up.set(0)
+                log.warning("action %s ended (%s) but redis is away, retrying: %s", action["id"], state, exc)
+                await asyncio.sleep(1.0)
+        self.metrics.redis_up.set(1)
+        if not changed or done is None:
+            return
+        strategy = action["strategy"]
+        self.metrics.actions.labels(strategy, state).inc()
+        if duration_s is not None:
+            self.metrics.duration.labels(strategy).observe(duration_s)
+        log.info("action %s (%s %s) %s: %s", action["id"], strategy, action["job"], state, outcome.detail)
+        with contextlib.suppress(Unavailable):
+            if cost is not None and outcome.ok and adapter is not None:
+                await self.store.record_cost(adapter.kind, strategy, cost)
+            if cost is not None:
+                await self.store.mutate_event(action["event_id"],
+                                              lambda d: {**d, "spent_s": float(d.get("spent_s") or 0.0) + cost})
+            if outcome.ok and strategy == "rebalance":
+                await self._remember_split(action)
+            if strategy == "validate":
+                confirmed = bool(outcome.ok and outcome.result.get("confirmed", False))
+                await self.store.mutate_event(action["event_id"], lambda d: {**d, "validated": confirmed})
+
+    async def _remember_split(self, action: dict[str, Any]) -> None:
+        params = action.get("params") or {}
+
+        def upd(mem: dict[str, Any]) -> dict[str, Any]:
+            default = mem.get("default_microbatches") or params.get("from")
+            counts = params.get("counts")
+            return {**mem, "default_microbatches": default, "microbatches": counts, "last_event": action["event_id"],
+                    "split_changed": bool(default) and list(counts or []) != list(default or [])}
+
+        await self.store.update_job_memory(action["job"], upd)
+
+    async def _recover(self, action: dict[str, Any], adapter: TrainingAdapter | None) -> None:
+        """An action whose replica died mid-way: ask the adapter what became of it; never run it again."""
+        req = ActionRequest(action["id"], action["job"], action["strategy"], action.get("params") or {},
+                            action.get("reason", ""), action.get("labels") or {})
+        outcome: ActionOutcome | None = None
+        if adapter is not None:
+            try:
+                outcome = await asyncio.to_thread(adapter.recover, req)
+            except AdapterError as exc:
+                log.warning("recovering %s: %s", action["id"], exc)
+        if outcome is None:
+            outcome = ActionOutcome(False, "interrupted: the replica executing it stopped and the adapter cannot "
+                                           "tell the outcome; not repeated")
+        await self._finish(action, outcome, None, adapter, recovered_by=self.store.replica)
+
+    async def _judge(self, action: dict[str, Any], pace_after: float) -> None:
+        pred = action.get("predicted") or {}
+        before = pred.get("pace_before_s")
+        if before is None:
+            return
+        eff, why = judge(float(before), pace_after, pred.get("pace_s"), self.config.policy)
+        now = self.clock()
+        err = None if not pred.get("pace_s") else (pace_after - float(pred["pace_s"])) / float(pred["pace_s"])
+
+        def upd(a: dict[str, Any]) -> dict[str, Any]:
+            return {**a, "measured": {**(a.get("measured") or {}), "pace_after_s": pace_after, "effective": eff,
+                                      "judged_at": now, "prediction_error": err, "verdict": why}}
+
+        await self.store.update_action(action["id"], upd)
+        await self.store.audit("judgement", job=action["job"], event=action["event_id"], action=action["id"],
+                               data={"effective": eff, "verdict": why, "prediction_error": err})
+        log.info("action %s judged: %s", action["id"], why)
+        if not eff:
+            until = now + self.settings.ineffective_ttl_s
+            key = signature(action["strategy"], action.get("params") or {})
+            await self.store.update_job_memory(action["job"], lambda m: {
+                **m, "ineffective": {**(m.get("ineffective") or {}), key: until}})
+
+    async def _tidy(self, job: str) -> None:
+        """A job without an open event whose split the remediator changed: go back once replicas are even."""
+        memory = await self.store.job_memory(job)
+        if not memory.get("split_changed") or not memory.get("default_microbatches"):
+            return
+        if (await self.store.inflight()).get(job):
+            return
+        adapter = self.adapter_for(job, {})
+        now = self.clock()
+        obs = await self._observe(job, now)
+        info = await self._info(adapter)
+        if adapter is None or info is None or not info.microbatches or obs is None or not obs.ranks \
+                or not obs.current(self.settings.stale_after_s) or obs.pace_s is None:
+            return
+        if list(info.microbatches) == list(memory["default_microbatches"]):
+            await self.store.update_job_memory(job, lambda m: {**m, "split_changed": False})
+            return
+        try:
+            model = fit(obs.computes, info.microbatches, obs.pace_s)
+        except InputError:
+            return
+        view = JobView(now=now, pace_s=obs.pace_s, model=model, microbatches=tuple(info.microbatches),
+                       capabilities=adapter.capabilities())
+        cand = restore(view, memory["default_microbatches"], self.config.policy)
+        if cand is None or "rebalance" not in view.capabilities:
+            return
+        ev = await self.store.get_event(memory.get("last_event") or "")
+        if ev is None:
+            return
+        decision = Decision("rebalance", cand.why, cand, (cand,))
+        self.metrics.decisions.labels("rebalance").inc()
+        await self.store.audit("decision", job=job, event=ev["id"], data={**decision.to_json(), "restore": True})
+        await self._act(ev, decision, adapter, view, requested_by="planner", dry_run=not self.auto,
+                        reason=f"restore: {cand.why}")
+
+    # ================================================================== manual API
+    async def remediate(self, req: RemediateRequest, idempotency_key: str | None = None) -> dict[str, Any]:
+        """A person's request: plan now and (unless dry-run) act; returns the plan and the action.
+
+        Raises:
+            RequestRefused: 409 while another action of the job is in flight, 422 when nothing applies.
+            Unavailable: Redis is away.
+        """
+        if idempotency_key:
+            prior = await self.store.idem_get(idempotency_key)
+            if prior is not None:
+                action = await self.store.get_action(prior)
+                return {"action": action, "replayed": True}
+        now = self.clock()
+        eid = (await self.store.open_events()).get(req.job)
+        ev = await self.store.get_event(eid) if eid else None
+        if ev is None:
+            fake = Alert.model_validate_json(json.dumps({"status": "firing", "labels": {"job": req.job},
+                                                         "fingerprint": "manual", "startsAt": _iso(now)}))
+            ev = new_event(new_id("ev"), req.job, fake, now)
+            ev.update({"manual": True, "onset_source": "manual", "first_delivery_at": now,
+                       "suspects": [s.model_dump() for s in req.suspects]})
+            ev = await self.store.create_event(ev)
+        inflight = (await self.store.inflight()).get(req.job)
+        if inflight:
+            other = await self.store.get_action(inflight)
+            if other is not None and other.get("state") in IN_FLIGHT:
+                raise RequestRefused(409, {"detail": f"action {inflight} of job {req.job} is {other['state']}",
+                                           "action_id": inflight, "action": other})
+        view, upd, costs, actions, adapter = await self._inputs(ev, now)
+        suspects = _suspects([s.model_dump() for s in req.suspects]) if req.suspects else \
+            _suspects(ev.get("suspects") or [])
+        ev_view = EventView(job=req.job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
+                            suspects=suspects, lost_s=float(upd["lost_s"]), validated=ev.get("validated"),
+                            actions=_past(actions, not self.auto))
+        decision = decide(ev_view, view, costs, self.config.policy, force=req.action)
+        await self.store.audit("decision", job=req.job, event=ev["id"],
+                               data={**decision.to_json(), "manual": True, "reason_given": req.reason})
+        self.metrics.decisions.labels(decision.strategy).inc()
+        await self.store.mutate_event(ev["id"], lambda d: {**d, **upd})
+        if decision.strategy == "ignore" or adapter is None:
+            why = decision.reason if adapter is not None else \
+                self._adapter_errors.get(req.job, "no adapter configured for the job")
+            raise RequestRefused(422, {"detail": f"nothing to do: {why}", "plan": decision.to_json(),
+                                       "event_id": ev["id"]})
+        action_id = new_id("act")
+        if idempotency_key:
+            bound = await self.store.idem_claim(idempotency_key, action_id, self.settings.dedupe_ttl_s)
+            if bound != action_id:
+                return {"action": await self.store.get_action(bound), "replayed": True}
+        dry = (not self.auto) if req.dry_run is None else req.dry_run
+        if suspects != ev_view.suspects:
+            ev_view = replace(ev_view, suspects=suspects)
+        action, created = await self._act(ev, decision, adapter, view, requested_by="manual", dry_run=dry,
+                                          reason=req.reason or f"manual: {decision.reason}", approve=req.approve,
+                                          action_id=action_id)
+        if not created:
+            raise RequestRefused(409, {"detail": f"action {action['id']} of job {req.job} is {action['state']}",
+                                       "action_id": action["id"], "action": action})
+        await self.store.mutate_event(ev["id"], lambda d: {**d, "level": max(int(d.get("level") or 1),
+                                                                               LEVEL[decision.strategy])})
+        return {"action": await self.store.get_action(action["id"]) or action, "plan": decision.to_json(),
+                "event_id": ev["id"]}
+
+    async def approve(self, action_id: str, by: str) -> dict[str, Any]:
+        """Approve a pending action and start it.
+
+        Raises:
+            RequestRefused: 404 unknown, 409 not pending approval.
+        """
+        action = await self.store.get_action(action_id)
+        if action is None:
+            raise RequestRefused(404, {"detail": f"no action {action_id}"})
+        if action.get("state") != "pending_approval":
+            raise RequestRefused(409, {"detail": f"action {action_id} is {action.get('state')}, not pending approval",
+                                       "action": action})
+        await self.store.update_action(action_id, lambda a: {**a, "approval": {"by": by, "at": self.clock(),
+                                                                               "approved": True}})
+        return await self._start(action_id, by)
+
+    async def reject(self, action_id: str, by: str) -> dict[str, Any]:
+        """Reject a pending action (the planner will not plan the same strategy again for this event).
+
+        Raises:
+            RequestRefused: 404 unknown, 409 not pending approval.
+        """
+        now = self.clock()
+        action, changed = await self.store.transition(
+            action_id, ("pending_approval",),
+            lambda a: {**a, "state": "rejected", "ended_at": now, "approval": {"by": by, "at": now, "approved": False}},
+            {"by": by})
+        if action is None:
+            raise RequestRefused(404, {"detail": f"no action {action_id}"})
+        if not changed:
+            raise RequestRefused(409, {"detail": f"action {action_id} is {action.get('state')}, not pending approval",
+                                       "action": action})
+        self.metrics.actions.labels(action["strategy"], "rejected").inc()
+        self.kick(action["job"])
+        return action
+
+
+def _iso(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
+
+
+def replica_name(settings: Settings) -> str:
+    """This replica's name in locks and the audit."""
+    return settings.replica or f"{socket.gethostname()}:{os.getpid()}"
+
+
+def build_service(settings: Settings, config: RemediatorConfig, metrics: RemediatorMetrics | None = None) -> Remediator:
+    """A remediator wired to the Redis and Prometheus named in `settings`."""
+    store = Store.from_url(settings.redis_url, settings.redis_prefix, replica_name(settings), settings.query_timeout_s)
+    prom = Prometheus(settings.prometheus_url, settings.query_timeout_s)
+    return Remediator(settings, config, store, prom, metrics or RemediatorMetrics())
+

@@ -1,0 +1,356 @@
+"""The remediator's HTTP API against a real Redis (and, for planning, a real Prometheus): auth, a fuzz corpus of
+malformed payloads refused with nothing stored, dedupe across replicas, the manual trigger, approvals,
+Redis going away, and the planner acting through the fake adapter.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from fastapi.testclient import TestClient
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from failslow_cli.stack.processes import free_port, redis_server
+from remediator.app import TokenFile, create_app
+from remediator.config import parse_config
+from remediator.service import build_service
+from remediator.settings import Settings
+from tests.integration.remediator_stack import (
+    JobSeries,
+    body,
+    fake_cluster_prometheus,
+    notification,
+    wait_for_series,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+TOKEN = "s3cret-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+FIRING = [{"fp": "f1", "status": "firing", "labels": {"kind": "compute", "rank": "2", "node": "n2"}}]
+
+
+class Env:
+    """A Redis, a token file and a way to make remediator apps (replicas) on them."""
+
+    def __init__(self, tmp: Path, redis_url: str, prom_url: str = "http://127.0.0.1:9") -> None:
+        self.tmp, self.redis_url, self.prom_url = tmp, redis_url, prom_url
+        self.token = tmp / "token"
+        self.token.write_text(TOKEN)
+        self.record = tmp / "executed.jsonl"
+        self.r = redis.Redis.from_url(redis_url)
+
+    def app(self, *, mode: str = "auto", replica: str = "r1", config: dict[str, Any] | None = None,
+            **kw: Any) -> TestClient:
+        s = Settings(redis_url=self.redis_url, token_file=str(self.token), prometheus_url=self.prom_url, mode=mode,
+                     tick_s=0.3, replica=replica, lock_lease_s=3.0, **kw)
+        cfg = parse_config(config or {"jobs": [{"match": "llm.*", "adapter": "fake",
+                                                "options": {"record": str(self.record)}}]})
+        return TestClient(create_app(build_service(s, cfg), s, TokenFile(self.token)))
+
+    def stored(self) -> tuple[int, int]:
+        """(keys in Redis, audit entries)."""
+        return int(self.r.dbsize()), int(self.r.xlen("failslow:remediator:audit") or 0)
+
+    def executed(self) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in self.record.read_text().splitlines()] if self.record.exists() else []
+
+
+@pytest.fixture
+def env(tmp_path: Path) -> Iterator[Env]:
+    with redis_server(tmp_path / "redis", free_port(), persist=True) as r:
+        yield Env(tmp_path, r.url)
+
+
+def _wait(pred: Any, timeout: float = 20.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(0.1)
+    raise AssertionError(f"{what} not reached within {timeout} s")
+
+
+def test_every_post_needs_the_token_and_reads_are_closed_by_default(env: Env) -> None:
+    with env.app() as c:
+        for path in ("/api/v1/alerts", "/remediate", "/actions/act-x/approve", "/actions/act-x/reject"):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic " + TOKEN}):
+                r = c.post(path, content=body("llm1", FIRING), headers=headers)
+                assert r.status_code == 401, (path, headers, r.text)
+                assert r.headers["www-authenticate"] == "Bearer"
+        for path in ("/events", "/actions", "/audit", "/events/x", "/actions/x"):
+            assert c.get(path).status_code == 401
+        assert c.get("/").status_code == 401 and "token" in c.get("/").text
+        assert c.get("/healthz").status_code == 200 and c.get("/metrics").status_code == 200
+        assert c.get("/events", headers=AUTH).json() == []
+        assert env.stored()[0] == 0  # nothing stored by any of it
+        metrics = c.get("/metrics").text
+        assert 'failslow_remediator_deliveries_total{outcome="unauthorized"} 3.0' in metrics
+    with env.app(open_reads=True) as c:
+        assert c.get("/events").status_code == 200 and c.get("/").status_code == 200
+        assert c.post("/api/v1/alerts", content=body("llm1", FIRING)).status_code == 401
+
+
+def test_the_token_file_is_reread_when_rotated(env: Env) -> None:
+    with env.app() as c:
+        assert c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH).status_code == 200
+        time.sleep(0.02)
+        env.token.write_text("rotated")
+        import os
+        os.utime(env.token, (time.time() + 5, time.time() + 5))  # a new mtime even on coarse clocks
+        assert c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH).status_code == 401
+        assert c.post("/api/v1/alerts", content=body("llm1", FIRING),
+                      headers={"Authorization": "Bearer rotated"}).status_code == 200
+
+
+def _good() -> dict[str, Any]:
+    return notification("llm1", FIRING)
+
+
+def _with(path: list[Any], value: Any) -> bytes:
+    doc: Any = _good()
+    cur = doc
+    for k in path[:-1]:
+        cur = cur[k]
+    if value is KeyError:
+        del cur[path[-1]]
+    else:
+        cur[path[-1]] = value
+    return json.dumps(doc).encode()
+
+
+CORPUS: list[tuple[str, bytes]] = [
+    ("empty", b""),
+    ("not json", b"hello"),
+    ("truncated", json.dumps(_good()).encode()[:57]),
+    ("null", b"null"),
+    ("array", b"[]"),
+    ("number", b"4"),
+    ("nested garbage", b'{"version": "4", "alerts": [[[[[[[[[[[]]]]]]]]]]]}'),
+    ("version 5", _with(["version"], "5")),
+    ("version int", _with(["version"], 4)),
+    ("no version", _with(["version"], KeyError)),
+    ("bad status", _with(["status"], "exploded")),
+    ("alerts missing", _with(["alerts"], KeyError)),
+    ("alerts empty", _with(["alerts"], [])),
+    ("alerts dict", _with(["alerts"], {"a": 1})),
+    ("alert not object", _with(["alerts", 0], "firing")),
+    ("labels list", _with(["alerts", 0, "labels"], ["job"])),
+    ("label value int", _with(["alerts", 0, "labels", "rank"], 2)),
+    ("label value null", _with(["alerts", 0, "labels", "job"], None)),
+    ("no fingerprint", _with(["alerts", 0, "fingerprint"], KeyError)),
+    ("empty fingerprint", _with(["alerts", 0, "fingerprint"], "")),
+    ("fingerprint int", _with(["alerts", 0, "fingerprint"], 123)),
+    ("startsAt garbage", _with(["alerts", 0, "startsAt"], "yesterday")),
+    ("startsAt number", _with(["alerts", 0, "startsAt"], 1700000000)),
+    ("alert status", _with(["alerts", 0, "status"], "pending")),
+    ("truncatedAlerts negative", _with(["truncatedAlerts"], -1)),
+    ("truncatedAlerts string", _with(["truncatedAlerts"], "0")),
+    ("groupLabels list", _with(["groupLabels"], [])),
+    ("huge label", _with(["alerts", 0, "labels", "x"], "y" * 20000)),
+    ("too many alerts", json.dumps({**_good(), "alerts": _good()["alerts"] * 1001}).encode()),
+    ("invalid utf-8", b'{"version": "4", "status": "firing", "alerts": "\xff\xfe"}'),
+]
+
+
+@pytest.mark.parametrize("name, raw", CORPUS, ids=[n for n, _ in CORPUS])
+def test_malformed_payloads_get_a_4xx_and_nothing_is_stored(env: Env, name: str, raw: bytes) -> None:
+    with env.app() as c:
+        before = env.stored()
+        r = c.post("/api/v1/alerts", content=raw, headers={**AUTH, "Content-Type": "application/json"})
+        assert 400 <= r.status_code < 500, (name, r.status_code, r.text[:300])
+        assert env.stored() == before, name
+
+
+def test_huge_bodies_are_refused_before_they_are_read(env: Env) -> None:
+    with env.app(max_body_bytes=64 * 1024) as c:
+        before = env.stored()
+        big = json.dumps({**_good(), "pad": "x" * 200_000}).encode()
+        assert c.post("/api/v1/alerts", content=big, headers=AUTH).status_code == 413
+
+        def chunks() -> Iterator[bytes]:  # no Content-Length: counted while streaming
+            for _ in range(100):
+                yield b" " * 4096
+
+        assert c.post("/api/v1/alerts", content=chunks(), headers=AUTH).status_code == 413
+        assert env.stored() == before
+        assert c.post("/api/v1/alerts", json={**_good(), "newField": {"from": "a later Alertmanager"}},
+                      headers=AUTH).status_code == 200  # unknown fields are ignored, not refused
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=10), kids, max_size=4),
+                    max_leaves=20))
+def test_random_json_is_never_a_server_error(env: Env, doc: Any) -> None:
+    with env.app(mode="dry-run") as c:
+        r = c.post("/api/v1/alerts", content=json.dumps(doc).encode(), headers=AUTH)
+        assert r.status_code in (200, 422), r.text[:300]
+
+
+def test_deliveries_dedupe_across_repeats_replicas_and_order(env: Env) -> None:
+    with env.app(mode="dry-run", replica="a") as a, env.app(mode="dry-run", replica="b") as b:
+        r1 = a.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH).json()
+        assert r1["outcome"] == "accepted" and len(r1["events"]) == 1
+        # the HA twin delivers the same notification to the other replica; a repeat_interval later, again
+        assert b.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH).json()["outcome"] == "duplicate"
+        assert a.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH).json()["outcome"] == "duplicate"
+        # a new suspect joins the group: accepted into the same event
+        more = [*FIRING, {"fp": "f2", "status": "firing", "labels": {"kind": "compute", "rank": "3"}}]
+        r2 = b.post("/api/v1/alerts", content=body("llm1", more), headers=AUTH).json()
+        assert r2["alerts"] == ["duplicate", "accepted"] and r2["events"] == r1["events"]
+        ev = a.get(f"/events/{r1['events'][0]}", headers=AUTH).json()
+        assert [s["rank"] for s in ev["suspects"]] == [2, 3] and ev["state"] == "open"
+        # resolved before firing (another job): the late firing is stale and opens nothing
+        late = [{"fp": "g1", "status": "resolved", "labels": {"kind": "compute", "rank": "1"}}]
+        assert a.post("/api/v1/alerts", content=body("llm2", late), headers=AUTH).json()["outcome"] == "accepted"
+        again = [{"fp": "g1", "status": "firing", "labels": {"kind": "compute", "rank": "1"}}]
+        assert b.post("/api/v1/alerts", content=body("llm2", again), headers=AUTH).json()["outcome"] == "stale"
+        events = a.get("/events", headers=AUTH).json()
+        assert [e["job"] for e in events] == ["llm1"]
+        for e in events:  # the contract's fields
+            assert {"id", "job", "state", "onset", "suspects", "level"} <= set(e)
+        audit = a.get("/audit", headers=AUTH, params={"job": "llm1"}).json()
+        kinds = [x["kind"] for x in audit]
+        assert kinds.count("delivery") == 4  # every delivery, duplicates included, is in the audit
+        assert {x["replica"] for x in audit if x["kind"] == "delivery"} == {"a", "b"}
+
+
+def test_redis_away_is_a_503_and_the_retry_is_stored(tmp_path: Path) -> None:
+    port = free_port()
+    rdir = tmp_path / "redis"
+    with redis_server(rdir, port, persist=True) as r:
+        env = Env(tmp_path, r.url)
+        c = env.app(mode="dry-run")
+        c.__enter__()
+        assert c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH).status_code == 200
+    try:
+        # Redis is down now
+        resp = c.post("/api/v1/alerts", content=body("llm1", [{**FIRING[0], "fp": "f9"}]), headers=AUTH)
+        assert resp.status_code == 503 and resp.headers["retry-after"]
+        assert c.get("/healthz").status_code == 503
+        assert 'failslow_remediator_redis_up 0.0' in c.get("/metrics").text
+        assert 'outcome="unavailable"} 1.0' in c.get("/metrics").text
+        with redis_server(rdir, port, persist=True):
+            # Alertmanager retries: now it is stored, and what was stored before the restart is still there
+            resp = c.post("/api/v1/alerts", content=body("llm1", [{**FIRING[0], "fp": "f9"}]), headers=AUTH)
+            assert resp.status_code == 200 and resp.json()["outcome"] == "accepted"
+            assert c.get("/healthz").status_code == 200
+            evs = c.get("/events", headers=AUTH).json()
+            assert len(evs) == 1 and len(evs[0]["suspects"]) == 1
+            assert c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH).json()["outcome"] == "duplicate"
+    finally:
+        c.__exit__(None, None, None)
+
+
+def test_manual_remediate_plans_acts_once_and_retries_safely(env: Env) -> None:
+    with env.app(mode="auto", config={"jobs": [{"match": "llm.*", "adapter": "fake",
+                                                "options": {"record": str(env.record), "delay_s": 2.0}}],
+                                       "policy": {"approval": []}}) as c:
+        req = {"job": "llm7", "suspects": [{"kind": "compute", "rank": 1, "node": "node1"}], "action": "restart",
+               "reason": "node1 throttles"}
+        r = c.post("/remediate", json=req, headers={**AUTH, "Idempotency-Key": "k1"})
+        assert r.status_code == 202, r.text
+        doc = r.json()
+        action = doc["action"]
+        assert action["strategy"] == "restart" and action["params"]["exclude_nodes"] == ["node1"]
+        assert action["state"] == "running" and doc["plan"]["strategy"] == "restart"
+        # a double-click while it runs: 409 with the running action's id
+        r2 = c.post("/remediate", json=req, headers=AUTH)
+        assert r2.status_code == 409 and r2.json()["action_id"] == action["id"]
+        # a retrying script with the same key gets the same action back
+        r3 = c.post("/remediate", json=req, headers={**AUTH, "Idempotency-Key": "k1"})
+        assert r3.status_code == 202 and r3.json()["action"]["id"] == action["id"]
+        done = _wait(lambda: (c.get(f"/actions/{action['id']}", headers=AUTH).json()["state"] == "succeeded"), 20,
+                     "the action to finish")
+        assert done
+        assert [e["id"] for e in env.executed()] == [action["id"]]  # executed once
+        acts = c.get("/actions", headers=AUTH).json()
+        for a in acts:
+            assert {"id", "event_id", "job", "strategy", "state", "created_at", "predicted", "measured"} <= set(a)
+        # bad input: 422 (pydantic), an unknown job's adapter: 422 with the plan
+        assert c.post("/remediate", json={"job": "llm7", "action": "reboot"}, headers=AUTH).status_code == 422
+        assert c.post("/remediate", json={"jobs": "llm7"}, headers=AUTH).status_code == 422
+        r4 = c.post("/remediate", json={"job": "other", "action": "restart",
+                                        "suspects": [{"kind": "link", "node": "n1"}]}, headers=AUTH)
+        assert r4.status_code == 422 and "no adapter" in r4.json()["detail"]
+        assert c.post("/remediate", json=req, headers={**AUTH, "Idempotency-Key": ""}).status_code == 400
+
+
+def test_restart_waits_for_approval_reject_and_approve(env: Env) -> None:
+    with env.app(mode="auto") as c:
+        req = {"job": "llm8", "suspects": [{"kind": "link", "node": "node0"}], "action": "restart"}
+        a1 = c.post("/remediate", json=req, headers=AUTH).json()["action"]
+        assert a1["state"] == "pending_approval" and a1["needs_approval"]
+        assert c.post("/remediate", json=req, headers=AUTH).status_code == 409  # pending counts as in flight
+        assert c.post(f"/actions/{a1['id']}/reject", headers=AUTH).json()["state"] == "rejected"
+        assert c.post(f"/actions/{a1['id']}/approve", headers=AUTH).status_code == 409
+        assert c.post("/actions/act-nope/approve", headers=AUTH).status_code == 404
+        a2 = c.post("/remediate", json=req, headers=AUTH).json()["action"]
+        assert a2["id"] != a1["id"] and a2["state"] == "pending_approval"
+        # the status page has the buttons; its form post approves and comes back to the page
+        c.cookies.set("failslow_remediator_token", TOKEN)
+        page = c.get("/").text
+        assert f'/actions/{a2["id"]}/approve' in page and "Pending approvals (1)" in page
+        r = c.post(f"/actions/{a2['id']}/approve", headers={"Content-Type": "application/x-www-form-urlencoded"},
+                   follow_redirects=False)
+        assert r.status_code == 303 and r.headers["location"] == "/"
+        c.cookies.clear()
+        _wait(lambda: c.get(f"/actions/{a2['id']}", headers=AUTH).json()["state"] == "succeeded", 10, "approved run")
+        assert [e["id"] for e in env.executed()] == [a2["id"]]
+        got = c.get(f"/actions/{a2['id']}", headers=AUTH).json()
+        assert got["approval"]["approved"] and got["approval"]["by"] == "status page"
+        # a manual request may carry its own approval
+        req2 = {**req, "job": "llm9", "approve": True}
+        assert c.post("/remediate", json=req2, headers=AUTH).json()["action"]["state"] in ("running", "succeeded")
+
+
+def test_the_planner_rebalances_a_slow_replica_from_real_prometheus_data(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
+            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
+        env = Env(tmp_path, r.url, prom_url)
+        now = time.time()
+        slow = JobSeries({(0, 0): 0.10, (0, 1): 0.10, (1, 0): 0.30, (1, 1): 0.10}, [4, 4], onset_ts=now - 300,
+                         healthy_s=0.55)
+        cluster.set("llm1", slow)
+        cluster.set("llm2", slow)
+        wait_for_series(prom_url, "llm2")
+        cfg = {"jobs": [{"match": "llm.*", "adapter": "fake", "options": {"record": str(env.record)}}],
+               "costs": {"rebalance": 2.0}}
+        # dry-run: the plan is made and audited, nothing is executed
+        with env.app(mode="dry-run", config=cfg, replica="dry") as c:
+            c.post("/api/v1/alerts", content=body("llm2", [{**FIRING[0], "fp": "f-llm2"}]), headers=AUTH)
+            plan = _wait(lambda: [a for a in c.get("/actions", headers=AUTH).json() if a["job"] == "llm2"], 30,
+                         "a dry-run plan")[0]
+            assert plan["dry_run"] and plan["state"] == "planned" and plan["strategy"] == "rebalance"
+            assert env.executed() == []
+        with env.app(mode="auto", config=cfg, replica="auto") as c:
+            t0 = time.time()
+            c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
+            try:
+                act = _wait(lambda: [a for a in c.get("/actions", headers=AUTH).json()
+                                     if a["job"] == "llm1" and a["state"] == "succeeded"], 30, "the rebalance")[0]
+            except AssertionError:
+                raise AssertionError(json.dumps([c.get("/events", headers=AUTH).json(),
+                                                 c.get("/actions", headers=AUTH).json()], indent=1)) from None
+            assert act["strategy"] == "rebalance" and act["params"]["counts"] == [6, 2]
+            assert act["predicted"]["pace_s"] < act["predicted"]["pace_before_s"]
+            assert act["decision_latency_s"] is not None and act["started_at"] - t0 < 10
+            assert [e["id"] for e in env.executed() if e["job"] == "llm1"] == [act["id"]]
+            audit = c.get("/audit", headers=AUTH, params={"job": "llm1"}).json()
+            assert any(x["kind"] == "decision" and x["data"]["strategy"] == "rebalance" for x in audit)
+            ev = c.get(f"/events/{act['event_id']}", headers=AUTH).json()
+            assert ev["level"] == 2 and ev["healthy_s"] and ev["lost_s"] > 0
+            # llm1's split and, switched to auto, the one planned dry for llm2
+            _wait(lambda: len([e for e in env.executed() if e["strategy"] == "rebalance"]) == 2, 20, "llm2's split")
+            metrics = c.get("/metrics").text
+            assert 'failslow_remediator_actions_total{result="succeeded",strategy="rebalance"} 2.0' in metrics
+            assert 'failslow_remediator_decision_latency_seconds_count{strategy="rebalance"} 2.0' in metrics
