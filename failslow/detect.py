@@ -128,8 +128,8 @@ class BatchDetector(Protocol):
 
 
 RECOVER_SHARE = 0.8
-"""Share of an open event's rise that one change must take back to end the event (besides falling under
-the threshold)."""
+"""Share of an open event's rise (from its healthy baseline to its peak) that the level must have taken back
+to end the event (besides falling under the threshold), in one change or several."""
 
 
 class EventTracker:
@@ -138,8 +138,8 @@ class EventTracker:
     Args:
         n_series: Number of series.
         threshold: Relative rise over the healthy baseline that opens an event (0.10 = 10 %); the event
-            closes when a later change brings the level back under it, or takes back at least
-            ``RECOVER_SHARE`` of the rise.
+            closes when a later change brings the level back under it, or leaves it having taken back at
+            least ``RECOVER_SHARE`` of the rise to the event's peak.
     """
 
     def __init__(self, n_series: int, threshold: float) -> None:
@@ -150,6 +150,7 @@ class EventTracker:
         self.level = np.full(n_series, np.nan)
         self.open = np.zeros(n_series, dtype=bool)
         self.onset = np.full(n_series, -1, dtype=np.int64)
+        self.peak = np.full(n_series, np.nan)  # highest level of each open event
 
     def grow(self, n_series: int) -> None:
         """Append fresh series."""
@@ -159,10 +160,12 @@ class EventTracker:
             self.level = np.concatenate([self.level, np.full(extra, np.nan)])
             self.open = np.concatenate([self.open, np.zeros(extra, dtype=bool)])
             self.onset = np.concatenate([self.onset, np.full(extra, -1, dtype=np.int64)])
+            self.peak = np.concatenate([self.peak, np.full(extra, np.nan)])
 
     def state_dict(self) -> dict[str, Any]:
         """The tracker's arrays."""
-        return {"baseline": self.baseline, "level": self.level, "open": self.open, "onset": self.onset}
+        return {"baseline": self.baseline, "level": self.level, "open": self.open, "onset": self.onset,
+                "peak": self.peak}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore from :meth:`state_dict`."""
@@ -170,6 +173,9 @@ class EventTracker:
         self.level = np.array(state["level"], dtype=np.float64)
         self.open = np.array(state["open"], dtype=bool)
         self.onset = np.array(state["onset"], dtype=np.int64)
+        # a state from before peaks were kept: the level an open event stands at is the best known peak
+        self.peak = np.array(state["peak"] if "peak" in state else np.where(self.open, self.level, np.nan),
+                             dtype=np.float64)
 
     def observe(self, changed: BoolArray, index: IntArray, before: FloatArray,
                 after: FloatArray) -> tuple[BoolArray, BoolArray]:
@@ -187,12 +193,15 @@ class EventTracker:
         lvl = after[idx]
         # Levels are compared as magnitudes so negative-valued generic series behave symmetrically.
         up = np.abs(lvl) > np.abs(base) * (1.0 + self.threshold)
-        # An open event also ends when one change takes back most of its rise (RECOVER_SHARE): after a
+        # An open event also ends when the level has taken back most of its rise (RECOVER_SHARE): after a
         # 2.8x fault the level can settle a little above the healthy level of minutes before (a noisy host
         # drifts by 10-20 %), and that residue is not the fault. The level it settles at becomes the new
-        # healthy baseline (a residue that lasts is taken as the job's new normal, not a fail-slow).
+        # healthy baseline (a residue that lasts is taken as the job's new normal, not a fail-slow). The rise
+        # is measured to the event's peak, not to the level just before this change: a recovery in steps
+        # (a mitigation that halves the slowdown, then the fault's end) must end the event too.
         prev = np.abs(self.level[idx])
-        rise = prev - np.abs(base)
+        peak = np.where(was_open, np.fmax(np.abs(self.peak[idx]), prev), prev)
+        rise = peak - np.abs(base)
         undone = (rise > 0) & (np.abs(lvl) - np.abs(base) <= (1.0 - RECOVER_SHARE) * rise)
         newly = ~was_open & up
         ended = was_open & (~up | undone)
@@ -204,6 +213,7 @@ class EventTracker:
         self.onset[idx[ended]] = -1
         self.baseline[idx] = np.where(self.open[idx], base, lvl)
         self.level[idx] = lvl
+        self.peak[idx] = np.where(self.open[idx], np.fmax(peak, np.abs(lvl)), np.nan)
         return opened, recovered
 
     def slowdown(self) -> FloatArray:

@@ -71,6 +71,24 @@ def test_event_ends_when_a_change_takes_back_most_of_a_big_rise() -> None:
 
 
 @pytest.mark.parametrize("method", ["bocd-v", "window"])
+def test_an_event_ends_after_a_recovery_in_steps(method: str) -> None:
+    # A mitigation takes a 3x slowdown to 1.6x, then the fault ends with the job 25 % above its old level
+    # (a busier host): the second change leaves 12.5 % of the rise to the peak (3.0 -> 1.25 over 1.0), so the
+    # event ends there, although that change alone (1.6 -> 1.25) takes back only 58 % of the 0.6 above the
+    # baseline it started from (which never ended such an event).
+    rng = np.random.default_rng(17)
+    x = np.r_[rng.normal(1.0, 0.02, 300), rng.normal(3.0, 0.05, 150), rng.normal(1.6, 0.03, 150),
+              rng.normal(1.25, 0.02, 200)]
+    res = detect_series(x, method)
+    assert len(res.events) == 1, res.events
+    onset, _first, end = res.events[0]
+    assert abs(onset - 300) <= 3 and 595 <= end <= 625, res.events
+    # while the fault lasts at 1.9x the event stays open
+    still = detect_series(x[:600], method)
+    assert len(still.events) == 1 and still.events[0][2] == -1
+
+
+@pytest.mark.parametrize("method", ["bocd-v", "window"])
 @pytest.mark.parametrize("gap", [31, 200])
 def test_recovery_after_a_gap_of_missing_samples_is_confirmed(gap: int, method: str) -> None:
     """Samples missing for longer than the verification window, during a slowdown (Prometheus restarting,
