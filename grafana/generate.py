@@ -63,6 +63,12 @@ def _grid_options() -> dict[str, Any]:
     return {"showHeader": True, "cellHeight": "lg", "footer": {"show": False}}
 
 
+def _bars() -> dict[str, Any]:
+    """Horizontal bars of the last value of each series (the bar gauge's counts over the time range)."""
+    return {"orientation": "horizontal", "displayMode": "basic", "showUnfilled": True,
+            "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}}
+
+
 OVERVIEW: list[tuple[str, list[P]]] = [
     ("Jobs", [
         P("Fail-slow state", "stat", [Q(f"max by (job) (failslow_detector_failslow{{{J}}})", "{{job}}")], w=4,
@@ -172,6 +178,59 @@ OVERVIEW: list[tuple[str, list[P]]] = [
         P("Firing alerts", "timeseries",
           [Q('count by (alertname, severity) (ALERTS{alertstate="firing"})', "{{alertname}} ({{severity}})")],
           unit="short"),
+        # The remediator's own metrics carry no training job (all jobs, all replicas): counters are summed
+        # over replicas, its shared state (open events) is the max, per-replica health stays per instance.
+        P("Actions in flight", "stat", [Q("sum(failslow_remediator_actions_in_flight)", "in flight")], w=6, h=4,
+          unit="short", description="Actions the remediator replicas are executing now (adapter calls running).",
+          thresholds=[(None, "green"), (1, "blue")]),
+        P("Open events (remediator)", "stat", [Q("max(failslow_remediator_open_events)", "open events")], w=6, h=4,
+          unit="short", description="Open fail-slow events in the remediator's shared state (Redis), as its "
+                                    "replicas last read it.",
+          thresholds=[(None, "green"), (1, "orange")]),
+        P("Remediator mode", "stat", [Q("max by (instance) (failslow_remediator_auto_mode)", "{{instance}}")],
+          w=6, h=4, description="auto: the remediator acts; dry-run (the default): it plans and audits only. "
+                                "Replicas should agree.",
+          mappings=[{"type": "value", "options": {"0": {"text": "dry-run", "color": "blue"},
+                                                  "1": {"text": "auto", "color": "green"}}}],
+          thresholds=[(None, "blue"), (1, "green")], options={"textMode": "value_and_name"}),
+        P("Remediator dependencies (Redis, Prometheus)", "stat",
+          [Q("max by (instance) (failslow_remediator_redis_up)", "{{instance}} Redis"),
+           Q("max by (instance) (failslow_remediator_prometheus_up)", "{{instance}} Prometheus")], w=6, h=4,
+          description="Whether each replica's last request to Redis (all its state) and to Prometheus (the job's "
+                      "pace) was answered. Redis down for 2 minutes fires RemediationFailing. A replica queries "
+                      "Prometheus only while an event is open, and reads DOWN until its first query.",
+          mappings=[{"type": "value", "options": {"0": {"text": "DOWN", "color": "red"},
+                                                  "1": {"text": "up", "color": "green"}}}],
+          thresholds=[(None, "red"), (1, "green")], options={"textMode": "value_and_name"}),
+        P("Remediator actions by strategy and result", "bargauge",
+          [Q("sum by (strategy, result) (increase(failslow_remediator_actions_total[$__range]))",
+             "{{strategy}} {{result}}", instant=True)], w=8, unit="short",
+          description="Actions that ended in the time range, all replicas: succeeded, failed (RemediationFailing), "
+                      "rejected by a person, dry_run (planned only, the remediator is in dry-run mode).",
+          options=_bars()),
+        P("Remediator decisions by strategy", "bargauge",
+          [Q("sum by (strategy) (increase(failslow_remediator_decisions_total[$__range]))", "{{strategy}}",
+             instant=True)], w=8, unit="short",
+          description="Planner decisions in the time range, counted when a job's decision changes: ignore (wait: "
+                      "ski rental, cooldown, cap), validate, rebalance, topology, restart.",
+          options=_bars()),
+        P("Webhook deliveries by outcome (per minute)", "timeseries",
+          [Q("60 * sum by (outcome) (rate(failslow_remediator_deliveries_total[$__rate_interval]))", "{{outcome}}")],
+          w=8, unit="short",
+          description="Alertmanager deliveries to the remediator: accepted (something new), duplicate, stale, "
+                      "unauthorized (wrong token: never retried, the alert is lost), malformed, unavailable "
+                      "(Redis away: answered 503, Alertmanager retries)."),
+        P("Decision latency p50 / p90", "timeseries",
+          [Q(f"histogram_quantile({q}, sum by (le) "
+             f"(rate(failslow_remediator_decision_latency_seconds_bucket[1h])))", f"p{round(q * 100)}")
+           for q in (0.5, 0.9)], unit="s",
+          description="From the first delivery of an event to the adapter call of its action (ski-rental wait and "
+                      "approval included), over the trailing hour; gaps: no action in that hour."),
+        P("Action duration p90 by strategy", "timeseries",
+          [Q("histogram_quantile(0.9, sum by (strategy, le) "
+             "(rate(failslow_remediator_action_duration_seconds_bucket[1h])))", "{{strategy}}")], unit="s",
+          description="Wall time of an action, adapter call to answer, over the trailing hour; gaps: no action of "
+                      "that strategy in that hour."),
         P("Ring records dropped", "timeseries",
           [Q(f"sum by (job, rank) (rate(failslow_ring_dropped_records_total{{{J}}}[$__rate_interval]))",
              "{{job}} r{{rank}}")], unit="short",

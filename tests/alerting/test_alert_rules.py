@@ -73,7 +73,8 @@ def test_promtool_unit_tests_pass() -> None:
 
 def test_required_alerts_exist() -> None:
     required = {"FailSlowDetected", "FailSlowPersisting", "RankStraggler", "LinkCongestionSuspected",
-                "GPUClockDegraded", "TrainingStalled", "ExporterDown", "DetectorDown", "ShimRecordsDropped"}
+                "GPUClockDegraded", "TrainingStalled", "ExporterDown", "DetectorDown", "ShimRecordsDropped",
+                "RemediationFailing", "RemediatorDown"}
     assert required <= set(ALERTS), f"missing alerts: {sorted(required - set(ALERTS))}"
     assert any("Throttl" in a for a in ALERTS), "no thermal/power throttling alert"
 
@@ -100,6 +101,7 @@ def test_remediable_alerts() -> None:
     assert {"FailSlowDetected", "RankStraggler"} <= remediable
     # Paging alerts are for humans; the remediator must not act on a hang or on its own failure.
     assert "TrainingStalled" not in remediable and "FailSlowPersisting" not in remediable
+    assert not {"RemediationFailing", "RemediatorDown"} & remediable
 
 
 def test_alerts_tests_runbooks_one_to_one() -> None:

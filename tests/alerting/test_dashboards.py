@@ -2,8 +2,8 @@
 
 There is no Grafana here, so the test checks what Grafana would need (valid JSON, unique panel ids, grid,
 datasource references matching the provisioned datasource) and runs every panel, annotation, variable and
-runbook query against a real /usr/bin/prometheus that scrapes two small prometheus-client endpoints
-served by the test. The endpoints expose every metric of failslow/catalogue.py with the catalogue's labels,
+runbook query against a real /usr/bin/prometheus that scrapes three small prometheus-client endpoints
+served by the test (node agent, detector, remediator). The endpoints expose every metric of failslow/catalogue.py with the catalogue's labels,
 so a dashboard that queries a metric or label the catalogue does not have comes back empty and fails.
 Prometheus runs the shipped config and rules (1s intervals instead of 5s to have data sooner).
 """
@@ -27,7 +27,14 @@ import pytest
 import requests
 import yaml
 from prometheus_client import CollectorRegistry, MetricsHandler
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
+from prometheus_client.utils import floatToGoString
 
 from failslow.catalogue import CATALOGUE, by_name
 from failslow_cli.stack.processes import (
@@ -140,7 +147,9 @@ def test_required_panels_present() -> None:
     titles = {p["title"] for path in DASHBOARDS for p in _panels(_load(path))}
     for want in ("DP×PP straggler heatmap", "What-if worker slowdown S_w (DP×PP)",
                  "Iteration time per rank (detector onsets marked)", "Time in collectives per rank",
-                 "SM clock / max clock", "Alerts sent to the remediator"):
+                 "SM clock / max clock", "Alerts sent to the remediator",
+                 "Remediator actions by strategy and result", "Webhook deliveries by outcome (per minute)",
+                 "Decision latency p50 / p90"):
         assert want in titles
     heat = next(p for path in DASHBOARDS for p in _panels(_load(path)) if p["title"] == "DP×PP straggler heatmap")
     t = heat["transformations"][0]
@@ -233,7 +242,12 @@ SPECIAL: dict[str, dict[str, list[str]]] = {
     "comm_rank": {"comm_rank": ["0"]}, "group": {"group": ["dp"]}, "kind": {"kind": ["compute", "link"]},
     "reason": {"reason": ["hw_thermal_slowdown", "sw_power_cap"]}, "collector": {"collector": ["ring", "nvml"]},
     "producer": {"producer": ["torch"]}, "uuid": {"uuid": ["GPU-0"]}, "name": {"name": ["H100"]},
+    "strategy": {"strategy": ["rebalance", "restart"]}, "result": {"result": ["succeeded", "failed"]},
+    "outcome": {"outcome": ["accepted", "unavailable"]},
 }
+# Upper bounds of the histograms served: sub-second to minutes covers action durations and decision
+# latencies alike; what matters is that histogram_quantile has finite buckets to interpolate in.
+HISTOGRAM_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 
 def _label_sets(labels: tuple[str, ...]) -> list[dict[str, str]]:
@@ -273,6 +287,8 @@ class CatalogueCollector:
                 fam: Metric = CounterMetricFamily(m.name.removesuffix("_total"), m.help, labels=names)
             elif m.type == "summary":
                 fam = SummaryMetricFamily(m.name, m.help, labels=names)
+            elif m.type == "histogram":
+                fam = HistogramMetricFamily(m.name, m.help, labels=names)
             else:
                 fam = GaugeMetricFamily(m.name, m.help, labels=names)
             for i, ls in enumerate(sets):
@@ -281,9 +297,18 @@ class CatalogueCollector:
                     fam.add_metric(vals, (1 + i) * 10 * el)
                 elif m.type == "summary":
                     fam.add_metric(vals, count_value=int(100 * el) + 1, sum_value=(0.2 + 0.01 * i) * el)
+                elif m.type == "histogram":
+                    fam.add_metric(vals, buckets=self._buckets(i, el), sum_value=(2.0 + i) * (10 * el + 1))
                 else:
                     fam.add_metric(vals, self._gauge(m.name, i, now))
             yield fam
+
+    @staticmethod
+    def _buckets(i: int, el: float) -> list[tuple[str, float]]:
+        """Cumulative bucket counts growing with time: a fixed share le / (le + 1 + i) of all observations
+        at or below each bound (median about 1 + i seconds), the rest above the last bound."""
+        n = 10 * el + 1
+        return [(floatToGoString(le), n * le / (le + 1 + i)) for le in HISTOGRAM_BUCKETS] + [("+Inf", n)]
 
     @staticmethod
     def _gauge(name: str, i: int, now: float) -> float:
@@ -312,12 +337,13 @@ def _serve(sources: set[str]) -> Endpoint:
 
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A real Prometheus with the shipped config and rules, scraping exporter- and detector-like endpoints."""
-    node, det = _serve({"exporter", "whatif"}), _serve({"detector"})
+    """A real Prometheus with the shipped config and rules, scraping exporter-, detector- and remediator-like
+    endpoints."""
+    node, det, rem = _serve({"exporter", "whatif"}), _serve({"detector"}), _serve({"remediator"})
     port = free_port()
     cfg = render_prometheus(tmp_path_factory.mktemp("prom"), prometheus=f"127.0.0.1:{port}",
-                            exporters=[node.addr], detector=[det.addr], scrape_interval="1s",
-                            evaluation_interval="1s")
+                            exporters=[node.addr], detector=[det.addr], remediator=[rem.addr],
+                            scrape_interval="1s", evaluation_interval="1s")
     try:
         with prometheus(cfg, port) as svc:
             # Wait until the remediable alert (for: 10s) fires and rate() windows hold samples.
@@ -330,7 +356,7 @@ def prom(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 time.sleep(0.5)
             yield svc.url
     finally:
-        for ep in (node, det):
+        for ep in (node, det, rem):
             ep.server.shutdown()
             ep.server.server_close()
 
@@ -360,6 +386,19 @@ def test_every_dashboard_query_returns_data(prom: str) -> None:
                              params={"query": q, "start": end - 10, "end": end, "step": 1}).json()
             assert r["status"] == "success", f"{where}: {r.get('error')}"
     assert not empty, "queries returned no data:\n" + "\n".join(empty)
+
+
+def test_histogram_panels_give_finite_quantiles(prom: str) -> None:
+    """histogram_quantile over the served _bucket series interpolates within the buckets (not NaN/+Inf)."""
+    exprs = [(where, _substitute(e)) for path in DASHBOARDS for where, e in _queries(_load(path))
+             if "histogram_quantile" in e]
+    assert exprs, "no histogram panel"
+    for where, q in exprs:
+        rows = _query(prom, q)
+        assert rows, f"{where}: {q} is empty"
+        for s in rows:
+            v = float(s["value"][1])
+            assert 0 < v <= HISTOGRAM_BUCKETS[-1], f"{where}: {q} -> {v}"
 
 
 def test_dashboard_variables_resolve(prom: str) -> None:
@@ -395,6 +434,9 @@ def test_shipped_config_scrapes_with_the_training_job_label(prom: str) -> None:
     assert not _query(prom, "failslow_iteration_duration_seconds{exported_job!=\"\"}")
     assert _query(prom, 'up{job="failslow-exporter"} == 1')
     assert _query(prom, 'up{job="failslow-detector"} == 1')
+    # The remediator exposes no job label: its series keep the scrape job, one instance per replica.
+    assert _query(prom, 'up{job="failslow-remediator"} == 1')
+    assert _query(prom, 'failslow_remediator_redis_up{job="failslow-remediator"}')
     rules = requests.get(f"{prom}/api/v1/rules", timeout=10).json()["data"]["groups"]
     health = [r.get("health") for g in rules for r in g["rules"]]
     assert health and all(h == "ok" for h in health), [
