@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # slurm-wlm + munge: the remediator's Slurm adapter is tested against a real one-machine Slurm;
-# chromium: the remediator's status page is tested in a headless browser.
-APT_PKGS=(prometheus prometheus-alertmanager redis-server iproute2 build-essential slurm-wlm munge chromium)
+# chromium: the remediator's status page is tested in a headless browser; docker-compose (v1, parses
+# only: no daemon here) checks docker-compose.yml.
+APT_PKGS=(prometheus prometheus-alertmanager redis-server iproute2 build-essential slurm-wlm munge chromium docker-compose)
 SUDO=""
 if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
 
