@@ -120,16 +120,22 @@ class Prometheus:
         obs = JobObservation(at=now)
         obs.pace_s = self.scalar(f"quantile(0.5, failslow_iteration_duration_seconds{{{sel}}})")
         obs.last_iteration_ts = self.scalar(f"max(failslow_last_iteration_timestamp_seconds{{{sel}}})")
-        for labels, value in self.query(f"failslow_iteration_compute_seconds{{{sel}}}"):
-            try:
-                obs.ranks.append(RankSample(int(labels["rank"]), int(labels.get("dp_rank", "0")),
-                                            int(labels.get("pp_rank", "0")), int(labels.get("tp_rank", "0")),
-                                            labels.get("node", ""), value))
-            except (KeyError, ValueError):
-                continue
+        obs.ranks = self.ranks(job)
         obs.onset_ts = self.scalar(f"max(failslow_detector_onset_timestamp_seconds{{{sel}}})")
         obs.detector_ratio = self.scalar(f"max(failslow_detector_slowdown_ratio{{{sel}}})")
         return obs
+
+    def ranks(self, job: str, at: float | None = None) -> list[RankSample]:
+        """Every rank's compute time per iteration now (or at Unix time `at`), with its coordinates."""
+        out = []
+        for labels, value in self.query(f'failslow_iteration_compute_seconds{{job="{_esc(job)}"}}', at):
+            try:
+                out.append(RankSample(int(labels["rank"]), int(labels.get("dp_rank", "0")),
+                                      int(labels.get("pp_rank", "0")), int(labels.get("tp_rank", "0")),
+                                      labels.get("node", ""), value))
+            except (KeyError, ValueError):
+                continue
+        return out
 
     def healthy_pace(self, job: str, onset_ts: float) -> float | None:
         """The job's iteration time over the two minutes before `onset_ts`."""

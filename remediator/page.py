@@ -17,6 +17,7 @@ text-align:left;vertical-align:top}th{background:#f0f0f3}.muted{color:#777}.ok{c
 .pill{display:inline-block;padding:0 .5em;border-radius:1em;background:#e8e8ee;margin:0 .2em .2em 0}
 .state-running,.state-pending_approval{background:#fff3cd}.state-succeeded{background:#e6f4ea}
 .state-failed,.state-rejected{background:#fde7e9}form{display:inline}button{margin-right:.3em}
+td:first-child,.pill,.id{white-space:nowrap}td{font-variant-numeric:tabular-nums}
 .approve{background:#1a7f37;color:#fff;border:0;padding:.3em .8em;border-radius:.3em}
 .reject{background:#c62828;color:#fff;border:0;padding:.3em .8em;border-radius:.3em}
 """
@@ -28,8 +29,14 @@ def _t(ts: Any) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(ts))) + " UTC"
 
 
-def _s(x: Any, unit: str = " s", digits: int = 3) -> str:
+def _s(x: Any, unit: str = "\u00a0s", digits: int = 3) -> str:
     return "-" if x is None else f"{float(x):.{digits}f}{unit}"
+
+
+def _health(ok: bool | None) -> str:
+    if ok is None:
+        return '<b class="muted">not asked yet</b>'
+    return f'<b class="{"ok" if ok else "bad"}">{"up" if ok else "down"}</b>'
 
 
 def _suspects(ev: dict[str, Any]) -> str:
@@ -59,10 +66,11 @@ def _buttons(a: dict[str, Any]) -> str:
 def render_login(message: str = "") -> str:
     """The page shown when reads need the token and the browser has not given it."""
     msg = f'<p class="bad">{escape(message)}</p>' if message else ""
-    return (f"<!doctype html><html><head><meta charset=utf-8><title>failslow remediator</title><style>{STYLE}</style>"
+    return (f"<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport "
+            f'content="width=device-width, initial-scale=1"><title>failslow remediator</title><style>{STYLE}</style>'
             f"</head><body><h1>failslow remediator</h1>{msg}<p>This remediator needs its token to show its state."
-            f'</p><form method="post" action="/login"><input type="password" name="token" placeholder="token" '
-            f'autofocus> <button type="submit">Sign in</button></form></body></html>')
+            f'</p><form method="post" action="/login"><label>Token <input type="password" name="token" '
+            f'autofocus></label> <button type="submit">Sign in</button></form></body></html>')
 
 
 def render_status(*, mode: str, replica: str, events: list[dict[str, Any]], actions: list[dict[str, Any]],
@@ -72,25 +80,26 @@ def render_status(*, mode: str, replica: str, events: list[dict[str, Any]], acti
     open_ev = [e for e in events if e.get("state") == "open"]
     closed_ev = [e for e in events if e.get("state") != "open"][:20]
     pending = [a for a in actions if a.get("state") == "pending_approval"]
-    parts = [f"<!doctype html><html><head><meta charset=utf-8><meta http-equiv=refresh content={refresh_s}>"
+    parts = [f"<!doctype html><html lang=en><head><meta charset=utf-8><meta http-equiv=refresh content={refresh_s}>"
+             f'<meta name=viewport content="width=device-width, initial-scale=1">'
              f"<title>failslow remediator</title><style>{STYLE}</style></head><body>",
              "<h1>failslow remediator</h1>",
              f'<p>mode <b>{escape(mode)}</b>{" (plans and audits, acts on nothing)" if mode != "auto" else ""} · '
-             f'replica {escape(replica)} · Redis <b class="{"ok" if health.get("redis") else "bad"}">'
-             f'{"up" if health.get("redis") else "down"}</b> · Prometheus <b class="'
-             f'{"ok" if health.get("prometheus") else "bad"}">{"up" if health.get("prometheus") else "down"}</b>'
-             f' · {len(open_ev)} open event(s) · {_t(now)}</p>']
+             f'replica {escape(replica)} · Redis {_health(health.get("redis"))} · Prometheus '
+             f'{_health(health.get("prometheus"))} · {len(open_ev)} open event(s) · {_t(now)}</p>']
     parts.append(f"<h2>Pending approvals ({len(pending)})</h2>")
     if pending:
-        parts.append("<table><tr><th>action</th><th>job</th><th>strategy</th><th>parameters</th><th>predicted</th>"
-                     "<th>cost</th><th>why</th><th></th></tr>")
+        parts.append("<table><tr><th>action</th><th>job</th><th>strategy</th><th>parameters</th>"
+                     "<th>pace now → predicted</th><th>cost</th><th>requested by</th><th>created</th><th>why</th>"
+                     "<th></th></tr>")
         for a in pending:
             pr = a.get("predicted") or {}
-            parts.append(f'<tr class="state-pending_approval"><td>{escape(a["id"])}</td><td>{escape(a["job"])}</td>'
-                         f'<td>{escape(a["strategy"])}</td><td>{_params(a)}</td>'
+            parts.append(f'<tr id="{escape(a["id"])}" class="state-pending_approval"><td class=id>{escape(a["id"])}</td>'
+                         f'<td>{escape(a["job"])}</td><td>{escape(a["strategy"])}</td><td>{_params(a)}</td>'
                          f'<td>{_s(pr.get("pace_before_s"))} → {_s(pr.get("pace_s"))}</td>'
-                         f'<td>{_s(pr.get("cost_s"), digits=1)}</td><td>{escape(a.get("reason", ""))}</td>'
-                         f'<td>{_buttons(a) if can_act else ""}</td></tr>')
+                         f'<td>{_s(pr.get("cost_s"), digits=1)} (est.)</td>'
+                         f'<td>{escape(str(a.get("requested_by", "")))}</td><td>{_t(a.get("created_at"))}</td>'
+                         f'<td>{escape(a.get("reason", ""))}</td><td>{_buttons(a) if can_act else ""}</td></tr>')
         parts.append("</table>")
     else:
         parts.append('<p class="muted">none</p>')
@@ -98,7 +107,7 @@ def render_status(*, mode: str, replica: str, events: list[dict[str, Any]], acti
     parts.append(_events_table(open_ev, plan=True))
     parts.append(f"<h2>Actions ({len(actions)})</h2>")
     if actions:
-        parts.append("<table><tr><th>action</th><th>job</th><th>strategy</th><th>state</th><th>created</th>"
+        parts.append("<table><tr><th>action</th><th>event</th><th>job</th><th>strategy</th><th>state</th><th>created</th>"
                      "<th>parameters</th><th>pace before → predicted → measured</th><th>effect</th><th>cost</th>"
                      "<th>duration</th><th>outcome</th></tr>")
         for a in actions:
@@ -110,7 +119,8 @@ def render_status(*, mode: str, replica: str, events: list[dict[str, Any]], acti
             if a.get("dry_run"):
                 state += " (dry run)"
             out = (a.get("outcome") or {}).get("detail", "")
-            parts.append(f'<tr class="state-{escape(a.get("state", ""))}"><td>{escape(a["id"])}</td>'
+            parts.append(f'<tr id="{escape(a["id"])}" class="state-{escape(a.get("state", ""))}">'
+                         f'<td class=id>{escape(a["id"])}</td><td class=id>{escape(a.get("event_id", ""))}</td>'
                          f'<td>{escape(a["job"])}</td><td>{escape(a["strategy"])}</td><td>{escape(state)}</td>'
                          f'<td>{_t(a.get("created_at"))}</td><td>{_params(a)}</td>'
                          f'<td>{_s(pr.get("pace_before_s"))} → {_s(pr.get("pace_s"))} → '
@@ -132,9 +142,11 @@ def render_status(*, mode: str, replica: str, events: list[dict[str, Any]], acti
             if e.get("kind") == "decision":
                 what = f"{d.get('strategy')}: {d.get('reason', '')}"
             parts.append(f'<tr><td>{_t(e.get("ts"))}</td><td>{escape(e.get("kind", ""))}</td>'
-                         f'<td>{escape(e.get("job", ""))}</td><td>{escape(e.get("event", ""))}</td>'
-                         f'<td>{escape(e.get("action", ""))}</td><td>{escape(str(what))}</td></tr>')
+                         f'<td>{escape(e.get("job", ""))}</td><td class=id>{escape(e.get("event", ""))}</td>'
+                         f'<td class=id>{escape(e.get("action", ""))}</td><td>{escape(str(what))}</td></tr>')
         parts.append("</table>")
+    else:
+        parts.append('<p class="muted">none</p>')
     parts.append("</body></html>")
     return "".join(parts)
 
@@ -149,13 +161,15 @@ def _events_table(events: list[dict[str, Any]], plan: bool) -> str:
     for e in events:
         ratio = f" ({e['ratio']:.2f}×)" if e.get("ratio") else ""
         last = e.get("last_decision") or {}
-        tail = (f"<td><b>{escape(str(last.get('strategy', '-')))}</b> {escape(str(last.get('reason', '')))}</td>"
-                if plan else f"<td>{_t(e.get('closed_at'))}: {escape(str(e.get('close_reason') or ''))}</td>")
+        strategy = str(last.get("strategy", "-"))
+        tail = (f"<td><b>{'no action now:' if strategy == 'ignore' else escape(strategy)}</b> "
+                f"{escape(str(last.get('reason', '')))}</td>" if plan else f"<td>{_t(e.get('closed_at'))}: {escape(str(e.get('close_reason') or ''))}</td>")
         firing = "" if e.get("firing") else ' <span class="muted">(alert resolved)</span>'
-        rows.append(f'<tr><td>{escape(e["id"])}</td><td>{escape(e["job"])}{firing}</td><td>{_t(e.get("opened_at"))}</td>'
-                    f'<td>{_t(e.get("onset"))}</td><td>{_suspects(e)}</td>'
+        rows.append(f'<tr id="{escape(e["id"])}"><td class=id>{escape(e["id"])}</td><td>{escape(e["job"])}{firing}</td>'
+                    f'<td>{_t(e.get("opened_at"))}</td><td>{_t(e.get("onset"))}</td><td>{_suspects(e)}</td>'
                     f'<td>{_s(e.get("pace_s"))} / {_s(e.get("healthy_s"))}{ratio}</td>'
                     f'<td>{_s(e.get("lost_s"), digits=1)}</td><td>{_s(e.get("spent_s"), digits=1)}</td>'
-                    f'<td>S{int(e.get("level") or 1)}</td>{tail}</tr>')
+                    f'<td title="S1 ignore · S2 rebalance · S3 topology · S4 restart (highest reached)">'
+                    f'S{int(e.get("level") or 1)}</td>{tail}</tr>')
     rows.append("</table>")
     return "".join(rows)

@@ -32,7 +32,7 @@ from dataclasses import replace
 from typing import Any
 
 from failslow.errors import InputError
-from failslow.plan.pace import PaceModel, fit
+from failslow.plan.pace import PaceModel, RankCompute, fit, overhead
 from failslow.plan.policy import (
     IN_FLIGHT,
     LEVEL,
@@ -109,8 +109,7 @@ class Remediator:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._last_full = 0.0
-        self.prom_ok = False  # whether Prometheus answered the last query (the status page shows it)
-        self._prom_warned = False
+        self.prom_ok: bool | None = None  # whether Prometheus answered the last query (None: not asked yet)
 
     # ================================================================== deliveries
     async def ingest(self, note: Notification) -> dict[str, Any]:
@@ -190,6 +189,8 @@ class Remediator:
                     tidy = await self.store.tidy_jobs()
                     self.metrics.open_events.set(len(open_ev))
                     jobs += [j for j in [*open_ev, *tidy] if j not in jobs]
+                    if not jobs:
+                        await self._probe_prometheus()
                 self.metrics.redis_up.set(1)
             except Unavailable as exc:
                 self.metrics.redis_up.set(0)
@@ -259,14 +260,26 @@ class Remediator:
             obs = await asyncio.to_thread(self.prom.observe, job, now)
         except PromUnavailable as exc:
             self.metrics.prom_up.set(0)
-            if self.prom_ok or not self._prom_warned:  # say it when it goes away, not at every tick
+            if self.prom_ok is not False:  # say it when it goes away, not at every tick
                 log.warning("prometheus unavailable (no pace until it answers): %s", exc)
-                self._prom_warned = True
             self.prom_ok = False
             return None
         self.metrics.prom_up.set(1)
         self.prom_ok = True
         return obs
+
+    async def _probe_prometheus(self) -> None:
+        """With nothing to plan, still find out whether Prometheus answers (its metric and the page say so)."""
+        try:
+            await asyncio.to_thread(self.prom.query, "vector(1)")
+        except PromUnavailable as exc:
+            if self.prom_ok is not False:
+                log.warning("prometheus unavailable: %s", exc)
+            self.prom_ok = False
+            self.metrics.prom_up.set(0)
+            return
+        self.prom_ok = True
+        self.metrics.prom_up.set(1)
 
     async def _costs(self, adapter: TrainingAdapter | None) -> Costs:
         if adapter is None:
@@ -306,10 +319,18 @@ class Remediator:
             upd["info"] = info.to_json()
         if adapter is not None:
             upd["adapter"] = adapter.kind
+        if info is not None and info.microbatches and not ev.get("microbatches_at_onset"):
+            upd["microbatches_at_onset"] = list(info.microbatches)
+        f0 = ev.get("overhead_s")
+        if f0 is None and healthy is not None and obs is not None:
+            f0 = await self._healthy_overhead(job, onset, healthy,
+                                              ev.get("microbatches_at_onset") or upd.get("microbatches_at_onset"))
+            if f0 is not None:
+                upd["overhead_s"] = f0
         model: PaceModel | None = None
         if pace is not None and info is not None and info.microbatches and obs is not None and obs.ranks:
             try:
-                model = fit(obs.computes, info.microbatches, pace)
+                model = fit(obs.computes, info.microbatches, pace, f0)
             except InputError as exc:
                 log.info("job %s: no pace model: %s", job, exc)
         memory = await self.store.job_memory(job)
@@ -325,6 +346,18 @@ class Remediator:
             actions_last_hour=await self.store.started_since(job, now - 3600.0),
         )
         return view, upd, await self._costs(adapter), actions, adapter
+
+    async def _healthy_overhead(self, job: str, onset: float, healthy: float,
+                                microbatches: list[int] | None) -> float | None:
+        """The pace model's fixed part ``F`` measured on the healthy job just before the onset (None: no data)."""
+        if not microbatches:
+            return None
+        try:
+            ranks = await asyncio.to_thread(self.prom.ranks, job, onset - 5.0)
+            return overhead([RankCompute(r.rank, r.dp, r.pp, r.compute_s) for r in ranks], microbatches, healthy)
+        except (PromUnavailable, InputError) as exc:
+            log.info("job %s: no healthy calibration: %s", job, exc)
+            return None
 
     async def _plan_event(self, ev: dict[str, Any]) -> Decision:
         now = self.clock()

@@ -100,13 +100,19 @@ def _counts(counts: Sequence[int], dp: int) -> FloatArray:
     return m
 
 
-def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: float) -> PaceModel:
+def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: float,
+        overhead_s: float | None = None) -> PaceModel:
     """Calibrate the model on one job's measured ranks.
 
     Args:
         ranks: Every rank's compute time (several TP ranks of one stage: the slowest counts).
         microbatches: Micro-batches per DP replica the job ran with while measured.
         iteration_s: The job's measured iteration time.
+        overhead_s: ``F`` measured elsewhere, typically on the healthy job before the onset (see
+            :func:`overhead`); by default what ``iteration_s`` leaves over now. A straggler's compute
+            carries its per-iteration work (optimizer step, host work) slowed too, which the per-micro-batch
+            model books as pipeline time: ``F`` calibrated during the fault then comes out too small (even
+            negative) and every other split is predicted too fast.
 
     Raises:
         InputError: no ranks, a replica or stage with no rank, coordinates outside the split, or times
@@ -131,5 +137,17 @@ def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: 
         d, s = np.argwhere(np.isnan(per_mb))[0]
         raise InputError(f"no compute time for replica {d}, stage {s}")
     slowest = float((m * per_mb.max(axis=1) + per_mb.sum(axis=1) - per_mb.max(axis=1)).max())
+    if overhead_s is not None and not (overhead_s >= 0 and math.isfinite(overhead_s)):
+        raise InputError(f"overhead must be >= 0 and finite, got {overhead_s}")
     return PaceModel(per_mb=per_mb, microbatches=tuple(int(x) for x in m), iteration_s=float(iteration_s),
-                     overhead_s=float(iteration_s) - slowest)
+                     overhead_s=float(iteration_s) - slowest if overhead_s is None else float(overhead_s))
+
+
+def overhead(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int], healthy_s: float) -> float:
+    """``F`` of the healthy job (before the onset): its iteration time less its slowest replica's pipeline,
+    at least 0.
+
+    Raises:
+        InputError: as :func:`fit`.
+    """
+    return max(0.0, fit(healthy_ranks, microbatches, healthy_s).overhead_s)

@@ -336,7 +336,11 @@ def _gate(c: Candidate, pace: float | None, healthy: float | None, remaining_s: 
     if gain < policy.min_gain:
         return replace(c, saving_s=saving, ok=False,
                        why=f"predicted {c.predicted_s:.3f} s vs {pace:.3f} s now: gain {gain:.1%} < {policy.min_gain:.0%}")
-    if check_cost and saving <= c.cost_s:
+    if not check_cost:
+        return replace(c, saving_s=saving, ok=True,
+                       why=f"predicted {c.predicted_s:.3f} s vs {pace:.3f} s now, saving {saving:.1f} s "
+                           f"(cost {c.cost_s:.1f} s not weighed)")
+    if saving <= c.cost_s:
         return replace(c, saving_s=saving, ok=False,
                        why=f"predicted saving {saving:.1f} s over {remaining_s:.0f} s <= cost {c.cost_s:.1f} s")
     return replace(c, saving_s=saving, ok=True,

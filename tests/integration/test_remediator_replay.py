@@ -21,7 +21,12 @@ import pytest
 import requests
 
 from failslow_cli.stack.processes import free_port, redis_server, start_remediator, stop_process
-from tests.integration.remediator_stack import JobSeries, fake_cluster_prometheus, notification, wait_for_series
+from tests.integration.remediator_stack import (
+    JobSeries,
+    fake_cluster_prometheus,
+    notification,
+    wait_for_series,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
