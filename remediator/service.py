@@ -330,7 +330,7 @@ class Remediator:
         model: PaceModel | None = None
         if pace is not None and info is not None and info.microbatches and obs is not None and obs.ranks:
             try:
-                model = fit(obs.computes, info.microbatches, pace, f0)
+                model = fit(obs.computes, info.microbatches, pace, f0, impute=True)
             except InputError as exc:
                 log.info("job %s: no pace model: %s", job, exc)
         memory = await self.store.job_memory(job)
@@ -620,7 +620,7 @@ class Remediator:
             await self.store.update_job_memory(job, lambda m: {**m, "split_changed": False})
             return
         try:
-            model = fit(obs.computes, info.microbatches, obs.pace_s)
+            model = fit(obs.computes, info.microbatches, obs.pace_s, impute=True)
         except InputError:
             return
         view = JobView(now=now, pace_s=obs.pace_s, model=model, microbatches=tuple(info.microbatches),

@@ -101,7 +101,7 @@ def _counts(counts: Sequence[int], dp: int) -> FloatArray:
 
 
 def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: float,
-        overhead_s: float | None = None) -> PaceModel:
+        overhead_s: float | None = None, *, impute: bool = False) -> PaceModel:
     """Calibrate the model on one job's measured ranks.
 
     Args:
@@ -113,10 +113,12 @@ def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: 
             carries its per-iteration work (optimizer step, host work) slowed too, which the per-micro-batch
             model books as pipeline time: ``F`` calibrated during the fault then comes out too small (even
             negative) and every other split is predicted too fast.
+        impute: Take a replica/stage cell without a usable reading (missing, zero, not finite) as the same stage
+            of the other replicas; without, such a cell is an error.
 
     Raises:
-        InputError: no ranks, a replica or stage with no rank, coordinates outside the split, or times
-            that are not positive and finite.
+        InputError: no ranks, a replica or stage with no rank (no other replica to take it from, with
+            `impute`), coordinates outside the split, or times that are not positive and finite.
     """
     if not ranks:
         raise InputError("no rank compute times to model the job with")
@@ -130,9 +132,20 @@ def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: 
         if not 0 <= r.dp < dp or r.pp < 0:
             raise InputError(f"rank {r.rank}: replica {r.dp} / stage {r.pp} outside a {dp}-replica split")
         if not (r.compute_s > 0 and math.isfinite(r.compute_s)):
+            if impute:
+                continue  # a reading the exporter did not have (a window without an iteration): filled below
             raise InputError(f"rank {r.rank}: compute time must be positive, got {r.compute_s}")
         t = r.compute_s / m[r.dp]
         per_mb[r.dp, r.pp] = t if np.isnan(per_mb[r.dp, r.pp]) else max(per_mb[r.dp, r.pp], t)
+    missing = np.isnan(per_mb)
+    if impute and missing.any():
+        # A cell without a reading is taken as its stage in the other replicas (their median): it is not the
+        # straggler as far as anything measured says, and one missing gauge must not stop every plan.
+        known = (~missing).any(axis=0)
+        stage = np.full(pp, np.nan)
+        if known.any():
+            stage[known] = np.nanmedian(per_mb[:, known], axis=0)
+        per_mb = np.where(missing, stage[None, :], per_mb)
     if np.isnan(per_mb).any():
         d, s = np.argwhere(np.isnan(per_mb))[0]
         raise InputError(f"no compute time for replica {d}, stage {s}")

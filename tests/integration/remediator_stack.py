@@ -1,112 +1,13 @@
-"""Real neighbours for the remediator tests: Redis, and a real Prometheus scraping a job's series served here.
-
-The series are what the exporter and the detector would expose for a DP×PP job (per-rank iteration and
-compute time with their coordinates, the last-iteration timestamp, the detector's onset and ratio), with
-values the test sets, so the remediator's planner sees a real Prometheus answer its real queries.
-"""
+"""Alertmanager payloads for the remediator tests (the synthetic jobs' Prometheus is in failslow_cli.stack)."""
 
 from __future__ import annotations
 
 import json
-import threading
-import time
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
-import requests
-from prometheus_client import CollectorRegistry, MetricsHandler
-from prometheus_client.core import GaugeMetricFamily, Metric
+from failslow_cli.stack.fake_cluster import JobSeries, fake_cluster_prometheus, wait_for_series
 
-from failslow_cli.stack.processes import free_port, prometheus, render_prometheus
-
-RANK_LABELS = ["job", "rank", "dp_rank", "pp_rank", "tp_rank", "node"]
-
-
-@dataclass
-class JobSeries:
-    """One job's series: per-micro-batch compute time of each (dp, pp) cell and the micro-batch split."""
-
-    per_mb: dict[tuple[int, int], float]
-    counts: list[int]
-    overhead_s: float = 0.05
-    onset_ts: float | None = None
-    healthy_s: float = 0.5
-
-    def iteration_s(self) -> float:
-        dp = len(self.counts)
-        pp = 1 + max(p for _d, p in self.per_mb)
-        rep = []
-        for d in range(dp):
-            cells = [self.per_mb[d, p] for p in range(pp)]
-            rep.append((self.counts[d] - 1) * max(cells) + sum(cells))
-        return self.overhead_s + max(rep)
-
-
-@dataclass(eq=False)
-class FakeCluster:
-    """The series of every job, served to Prometheus."""
-
-    jobs: dict[str, JobSeries] = field(default_factory=dict)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def collect(self) -> Iterable[Metric]:
-        now = time.time()
-        it = GaugeMetricFamily("failslow_iteration_duration_seconds", "iteration", labels=RANK_LABELS)
-        comp = GaugeMetricFamily("failslow_iteration_compute_seconds", "compute", labels=RANK_LABELS)
-        last = GaugeMetricFamily("failslow_last_iteration_timestamp_seconds", "last", labels=RANK_LABELS)
-        onset = GaugeMetricFamily("failslow_detector_onset_timestamp_seconds", "onset", labels=["job"])
-        ratio = GaugeMetricFamily("failslow_detector_slowdown_ratio", "ratio", labels=["job"])
-        with self.lock:
-            for job, s in self.jobs.items():
-                T = s.iteration_s()
-                for r, ((d, p), t) in enumerate(sorted(s.per_mb.items(), key=lambda kv: (kv[0][1], kv[0][0]))):
-                    lab = [job, str(r), str(d), str(p), "0", f"n{r}"]
-                    it.add_metric(lab, T)
-                    comp.add_metric(lab, t * s.counts[d])
-                    last.add_metric(lab, now - 0.2)
-                if s.onset_ts is not None:
-                    onset.add_metric([job], s.onset_ts)
-                    ratio.add_metric([job], T / s.healthy_s)
-        yield from (it, comp, last, onset, ratio)
-
-    def set(self, job: str, series: JobSeries) -> None:
-        with self.lock:
-            self.jobs[job] = series
-
-
-@contextmanager
-def fake_cluster_prometheus(tmp: Path) -> Iterator[tuple[str, FakeCluster]]:
-    """A real Prometheus (shipped config, 1 s scrapes) scraping the fake cluster's series; yields (url, cluster)."""
-    cluster = FakeCluster()
-    reg = CollectorRegistry()
-    reg.register(cluster)  # type: ignore[arg-type]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler.factory(reg))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = free_port()
-    cfg = render_prometheus(tmp, prometheus=f"127.0.0.1:{port}", exporters=[f"127.0.0.1:{server.server_address[1]}"],
-                            scrape_interval="1s", evaluation_interval="1s")
-    try:
-        with prometheus(cfg, port) as svc:
-            yield svc.url, cluster
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def wait_for_series(prom_url: str, job: str, timeout: float = 30.0) -> None:
-    """Until Prometheus has scraped the job's compute series."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        r = requests.get(f"{prom_url}/api/v1/query",
-                         params={"query": f'count(failslow_iteration_compute_seconds{{job="{job}"}})'}, timeout=5).json()
-        if r["data"]["result"]:
-            return
-        time.sleep(0.3)
-    raise RuntimeError(f"Prometheus has no series of {job} after {timeout} s")
+__all__ = ["JobSeries", "body", "fake_cluster_prometheus", "notification", "wait_for_series"]
 
 
 def notification(job: str, alerts: list[dict[str, Any]], status: str | None = None) -> dict[str, Any]:

@@ -55,6 +55,19 @@ def test_the_solver_and_the_model_agree_on_the_best_split() -> None:
                     assert m.predict(c) >= m.predict(best.counts) - 1e-12
 
 
+def test_a_cell_without_a_reading_is_taken_from_its_stage_in_the_other_replicas() -> None:
+    per_mb = np.array([[0.10, 0.12], [0.30, 0.12], [0.10, 0.14]])
+    ranks = _ranks(per_mb, [4, 4, 4])
+    ranks[3] = RankCompute(ranks[3].rank, 1, 1, 0.0)  # replica 1, stage 1: the exporter had nothing
+    with pytest.raises(InputError, match="positive"):
+        fit(ranks, [4, 4, 4], 2.0)
+    m = fit(ranks, [4, 4, 4], 2.0, impute=True)
+    assert m.per_mb[1, 1] == pytest.approx(0.13)  # the median of 0.12 and 0.14
+    assert np.allclose(np.delete(m.per_mb.ravel(), 3), np.delete(per_mb.ravel(), 3))
+    with pytest.raises(InputError, match="no compute time for replica 0, stage 1"):
+        fit([RankCompute(0, 0, 0, 0.4), RankCompute(1, 0, 1, float("nan"))], [4], 1.0, impute=True)
+
+
 @pytest.mark.parametrize("ranks, counts, T, words", [
     ([], [4], 1.0, "no rank"),
     ([RankCompute(0, 0, 0, 1.0)], [4, 4], 1.0, "no compute time for replica 1"),
