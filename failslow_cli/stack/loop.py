@@ -48,7 +48,9 @@ PROGRESS = re.compile(r"^rank\s+(\d+)\s+it\s+(\d+)\s+([\d.]+) ms")
 # device emulation): rank 1 computes 3.3x slower, its DP replica paces the job, and moving micro-batches to
 # the other replica pays off (a GC-like pause per iteration would not: it does not shrink with the split).
 DEFAULT_FAULT = "cpu:rank=1,quota=0.12"
-DEFAULT_POLICY = {"cooldown_s": 30.0, "horizon_min_s": 60.0}
+# The cooldown covers what the exporter needs to show a new split: ~10-18 iterations to lock onto the new
+# period, then its 20-iteration window (about 40 s at 1 s per iteration).
+DEFAULT_POLICY = {"cooldown_s": 45.0, "horizon_min_s": 60.0}
 
 
 @dataclass
@@ -109,9 +111,10 @@ class LoopState:
 
     @property
     def event(self) -> dict[str, Any] | None:
-        """The remediator's newest event of the job."""
-        evs = [e for e in self.events if e.get("job") == self.job]
-        return max(evs, key=lambda e: e.get("opened_at") or 0) if evs else None
+        """The remediator's first event of the job after the fault started (else its newest)."""
+        evs = sorted((e for e in self.events if e.get("job") == self.job), key=lambda e: e.get("opened_at") or 0)
+        after = [e for e in evs if self.fault_start is not None and (e.get("opened_at") or 0) >= self.fault_start]
+        return after[0] if after else (evs[-1] if evs else None)
 
     def acted(self, strategy: str | None = None, state: str = "succeeded") -> list[dict[str, Any]]:
         """The job's actions in `state` (of `strategy`), oldest first."""
