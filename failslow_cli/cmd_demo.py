@@ -56,7 +56,8 @@ class LiveView:
         recent = s.pace(time.time() - 10.0, time.time())
         ratio = f" ({recent / healthy:.2f}x healthy)" if recent and healthy else ""
         out = [f" t={t:5.0f}s  phase: {s.phase()}"]
-        width = max([0.0, *s.last_dt.values()])
+        # bars on a fixed scale (3x the healthy iteration fills the line), so a slowdown shows as length
+        width = max([3.0 * healthy if healthy else 0.0, *s.last_dt.values()])
         for r in range(self.world):
             dt = s.last_dt.get(r)
             bar = "" if dt is None or width == 0 else "#" * max(1, int(30 * dt / max(width, 1e-9)))
@@ -124,8 +125,9 @@ def run(args: argparse.Namespace) -> int:
         ev = s.event
         print(f"fault -> alert {_t(t.get('alert'))} -> action {_t(t.get('action_started'))} -> fault removed "
               f"{_t(t.get('fault_end'))} -> event closed (pace confirmed back) {_t(t.get('event_closed'))}; "
-              f"{len(acts)} action(s); the remediator's record: failslow remediator actions "
-              f"--url {res.remediator_url} --token-file {tmp / 'remediator' / 'remediator.token'}", flush=True)
+              f"{len(acts)} action(s)", flush=True)
+        print("logs, configs and the remediator's Redis file: " + (str(tmp) if args.keep else
+              "pass --keep DIR to keep them"), flush=True)
         ok = bool(acts) and ev is not None and ev.get("state") == "closed"
         if args.mode == "dry-run":
             ok = ev is not None and any(a.get("dry_run") for a in s.actions)
