@@ -34,6 +34,8 @@ class JobSeries:
     overhead_s: float = 0.05
     onset_ts: float | None = None
     healthy_s: float = 0.5
+    # the detector's verdict while onset_ts is set: failslow 1 and these suspects (kind, rank, node)
+    suspects: list[tuple[str, str, str]] = field(default_factory=list)
 
     def iteration_s(self) -> float:
         dp = len(self.counts)
@@ -52,13 +54,16 @@ class FakeCluster:
     jobs: dict[str, JobSeries] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def collect(self) -> Iterable[Metric]:
+    def collect(self, part: str = "all") -> Iterable[Metric]:
+        """The families of `part`: "exporter" (per-rank series), "detector" (its verdict) or "all"."""
         now = time.time()
         it = GaugeMetricFamily("failslow_iteration_duration_seconds", "iteration", labels=RANK_LABELS)
         comp = GaugeMetricFamily("failslow_iteration_compute_seconds", "compute", labels=RANK_LABELS)
         last = GaugeMetricFamily("failslow_last_iteration_timestamp_seconds", "last", labels=RANK_LABELS)
         onset = GaugeMetricFamily("failslow_detector_onset_timestamp_seconds", "onset", labels=["job"])
         ratio = GaugeMetricFamily("failslow_detector_slowdown_ratio", "ratio", labels=["job"])
+        flag = GaugeMetricFamily("failslow_detector_failslow", "open event", labels=["job"])
+        susp = GaugeMetricFamily("failslow_detector_suspect", "suspect", labels=["job", "kind", "rank", "node"])
         with self.lock:
             for job, s in self.jobs.items():
                 T = s.iteration_s()
@@ -67,33 +72,56 @@ class FakeCluster:
                     it.add_metric(lab, T)
                     comp.add_metric(lab, t * s.counts[d])
                     last.add_metric(lab, now - 0.2)
+                flag.add_metric([job], 0.0 if s.onset_ts is None else 1.0)
                 if s.onset_ts is not None:
                     onset.add_metric([job], s.onset_ts)
                     ratio.add_metric([job], T / s.healthy_s)
-        yield from (it, comp, last, onset, ratio)
+                    for kind, rank, node in s.suspects:
+                        susp.add_metric([job, kind, rank, node], 0.9)
+                else:
+                    ratio.add_metric([job], 1.0)
+        if part in ("exporter", "all"):
+            yield from (it, comp, last)
+        if part in ("detector", "all"):
+            yield from (onset, ratio, flag, susp)
 
     def set(self, job: str, series: JobSeries) -> None:
         with self.lock:
             self.jobs[job] = series
 
 
+@dataclass(eq=False)
+class _Part:
+    cluster: FakeCluster
+    part: str
+
+    def collect(self) -> Iterable[Metric]:
+        return self.cluster.collect(self.part)
+
+
 @contextmanager
-def fake_cluster_prometheus(tmp: Path) -> Iterator[tuple[str, FakeCluster]]:
-    """A real Prometheus (shipped config, 1 s scrapes) scraping the fake cluster's series; yields (url, cluster)."""
+def fake_cluster_prometheus(tmp: Path, alertmanagers: list[str] | None = None) -> Iterator[tuple[str, FakeCluster]]:
+    """A real Prometheus (shipped config and rules, 1 s scrapes and evaluation) scraping the fake cluster's
+    series, sending alerts to `alertmanagers` (host:port); yields (url, cluster)."""
     cluster = FakeCluster()
-    reg = CollectorRegistry()
-    reg.register(cluster)  # type: ignore[arg-type]
-    server = ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler.factory(reg))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    servers = []
+    for part in ("exporter", "detector"):  # two endpoints, as the two services would be
+        reg = CollectorRegistry()
+        reg.register(_Part(cluster, part))  # type: ignore[arg-type]
+        server = ThreadingHTTPServer(("127.0.0.1", 0), MetricsHandler.factory(reg))
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        servers.append(server)
     port = free_port()
-    cfg = render_prometheus(tmp, prometheus=f"127.0.0.1:{port}", exporters=[f"127.0.0.1:{server.server_address[1]}"],
-                            scrape_interval="1s", evaluation_interval="1s")
+    exp, det = (f"127.0.0.1:{srv.server_address[1]}" for srv in servers)
+    cfg = render_prometheus(tmp, prometheus=f"127.0.0.1:{port}", exporters=[exp], detector=[det],
+                            alertmanager=alertmanagers, scrape_interval="1s", evaluation_interval="1s")
     try:
         with prometheus(cfg, port) as svc:
             yield svc.url, cluster
     finally:
-        server.shutdown()
-        server.server_close()
+        for srv in servers:
+            srv.shutdown()
+            srv.server_close()
 
 
 def wait_for_series(prom_url: str, job: str, timeout: float = 30.0) -> None:

@@ -57,7 +57,7 @@ def render_prometheus(
     dest: Path,
     *,
     prometheus: str,
-    alertmanager: str | None = None,
+    alertmanager: str | list[str] | None = None,
     exporters: list[str] | None = None,
     detector: list[str] | None = None,
     remediator: list[str] | None = None,
@@ -82,7 +82,7 @@ def render_prometheus(
     tdir.mkdir(exist_ok=True)
     files = {
         "prometheus.json": [prometheus],
-        "alertmanager.json": [alertmanager] if alertmanager else [],
+        "alertmanager.json": [alertmanager] if isinstance(alertmanager, str) else list(alertmanager or []),
         "exporter.json": exporters or [],
         "detector.json": detector or [],
         "remediator.json": remediator or [],
