@@ -749,7 +749,8 @@ def replica_name(settings: Settings) -> str:
 
 def build_service(settings: Settings, config: RemediatorConfig, metrics: RemediatorMetrics | None = None) -> Remediator:
     """A remediator wired to the Redis and Prometheus named in `settings`."""
-    store = Store.from_url(settings.redis_url, settings.redis_prefix, replica_name(settings), settings.query_timeout_s)
+    store = Store.from_url(settings.redis_url, settings.redis_prefix, replica_name(settings), settings.query_timeout_s,
+                           settings.audit_max_entries)
     prom = Prometheus(settings.prometheus_url, settings.query_timeout_s)
     return Remediator(settings, config, store, prom, metrics or RemediatorMetrics())
 

@@ -31,6 +31,7 @@ class Settings(BaseSettings):
         ineffective_ttl_s: How long a strategy that did not help a job is not tried on it again.
         max_body_bytes: Larger request bodies are refused with 413.
         stale_after_s: A job whose newest iteration is older than this has no current pace.
+        audit_max_entries: The audit stream is trimmed to about this many newest entries (0: never trimmed).
         replica: Name of this replica in locks and the audit (default: host and PID).
     """
 
@@ -53,4 +54,5 @@ class Settings(BaseSettings):
     ineffective_ttl_s: float = Field(6 * 3600.0, gt=0)
     max_body_bytes: int = Field(1 << 20, ge=1024)
     stale_after_s: float = Field(60.0, gt=0)
+    audit_max_entries: int = Field(1_000_000, ge=0)
     replica: str | None = None

@@ -13,13 +13,18 @@ Keys (``P`` = ``FAILSLOW_REMEDIATOR_REDIS_PREFIX``); documents are JSON strings:
   not help it), ``P:tidy`` (set of jobs whose split was changed), ``P:costs`` (hash adapter:strategy ->
   measured cost);
 * ``P:audit``: a Redis Stream; every delivery, decision, action, approval, judgement and event change is
-  one entry ``{ts, kind, job, event, action, replica, data}``. Nothing trims it.
+  one entry ``{ts, kind, job, event, action, replica, data}``, trimmed to about the newest
+  ``audit_max`` entries (``FAILSLOW_REMEDIATOR_AUDIT_MAX_ENTRIES``; 0 keeps everything).
 
 Every change that must not happen twice is one MULTI/EXEC guarded by WATCH: a delivery's dedupe keys and
 the event it changes; an action's creation and the job's in-flight slot; a state transition (approve,
 reject, finish) and the state it starts from. Two replicas (or an Alertmanager HA pair delivering twice)
 therefore never act twice. Any Redis failure is raised as :class:`Unavailable` (the webhook answers 503 and
 Alertmanager retries).
+
+A delivery whose every alert was seen before (most of them: Alertmanager repeats a firing group every
+repeat_interval, and both members of an HA pair deliver) takes one round trip: a script checks its dedupe
+keys and appends its audit entry atomically; only a delivery with something new runs the transaction.
 """
 
 from __future__ import annotations
@@ -38,6 +43,22 @@ T = TypeVar("T")
 
 _UNLOCK = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end
+"""
+# KEYS: dedupe keys..., audit stream; ARGV: maxlen (0: none), then the audit entry's field/value pairs.
+# Appends the entry and returns 1 when every dedupe key exists; otherwise changes nothing and returns 0.
+_ALL_SEEN = """
+local n = #KEYS - 1
+for i = 1, n do
+  if redis.call('exists', KEYS[i]) == 0 then return 0 end
+end
+local args = {KEYS[n + 1]}
+if tonumber(ARGV[1]) > 0 then
+  table.insert(args, 'MAXLEN'); table.insert(args, '~'); table.insert(args, ARGV[1])
+end
+table.insert(args, '*')
+for i = 2, #ARGV do table.insert(args, ARGV[i]) end
+redis.call('xadd', unpack(args))
+return 1
 """
 _RENEW = """
 if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end
@@ -75,20 +96,23 @@ class Store:
     """The remediator's Redis state (asyncio client; one per process, shared by every request)."""
 
     def __init__(self, client: aioredis.Redis, prefix: str = "failslow:remediator", replica: str = "",
-                 retries: int = 50) -> None:
+                 retries: int = 50, audit_max: int = 1_000_000) -> None:
         self.r = client
+        self.audit_max = audit_max
         self.prefix = prefix
         self.replica = replica
         self.retries = retries
         self._unlock = client.register_script(_UNLOCK)
         self._renew = client.register_script(_RENEW)
+        self._all_seen = client.register_script(_ALL_SEEN)
 
     @classmethod
-    def from_url(cls, url: str, prefix: str, replica: str, timeout_s: float = 5.0) -> Store:
+    def from_url(cls, url: str, prefix: str, replica: str, timeout_s: float = 5.0,
+                 audit_max: int = 1_000_000) -> Store:
         """A store on a new connection pool to `url`."""
         client = aioredis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s,
                                          health_check_interval=30)
-        return cls(client, prefix, replica)
+        return cls(client, prefix, replica, audit_max=audit_max)
 
     def k(self, *parts: str) -> str:
         """A key under the prefix."""
@@ -124,6 +148,12 @@ class Store:
 
         return await self._call(run)
 
+    def _xadd(self, target: Any, fields: dict[str, str]) -> Any:
+        """XADD one audit entry on `target` (the client or a pipeline), trimming the stream to about audit_max."""
+        if self.audit_max > 0:
+            return target.xadd(self.k("audit"), fields, maxlen=self.audit_max, approximate=True)
+        return target.xadd(self.k("audit"), fields)
+
     def _audit_args(self, kind: str, job: str = "", event: str = "", action: str = "",
                     data: dict[str, Any] | None = None, ts: float | None = None) -> dict[str, str]:
         return {"ts": f"{time.time() if ts is None else ts:.3f}", "kind": kind, "job": job, "event": event,
@@ -138,7 +168,7 @@ class Store:
                     data: dict[str, Any] | None = None) -> str:
         """Append one audit entry; returns its stream id."""
         args = self._audit_args(kind, job, event, action, data)
-        sid = await self._call(lambda: self.r.xadd(self.k("audit"), args))  # type: ignore[arg-type]
+        sid = await self._call(lambda: self._xadd(self.r, args))
         return sid.decode() if isinstance(sid, bytes) else str(sid)
 
     async def read_audit(self, count: int = 200, job: str | None = None, before: str | None = None) -> list[dict[str, Any]]:
@@ -269,6 +299,12 @@ class Store:
         dkeys = [self.k("dedupe", k) for k in keys]
         akeys = sorted({self.k("alert", f) for f in fingerprints})
         open_key = self.k("open")
+        if dkeys:
+            dup = IngestResult(outcomes=["duplicate"] * len(keys))
+            fields = self._audit_args("delivery", job, data={**audit, "outcomes": dup.outcomes}, ts=now)
+            argv = [str(self.audit_max), *(x for kv in fields.items() for x in kv)]
+            if await self._call(lambda: self._all_seen(keys=[*dkeys, self.k("audit")], args=argv)):
+                return dup
 
         async def body(pipe: Any) -> IngestResult:
             dup = await pipe.mget(dkeys)
@@ -276,7 +312,7 @@ class Store:
             res = IngestResult(outcomes=["duplicate"] * len(keys))
             if not fresh:
                 pipe.multi()
-                pipe.xadd(self.k("audit"), self._audit_args("delivery", job, data={**audit, "outcomes": res.outcomes}))
+                self._xadd(pipe, self._audit_args("delivery", job, data={**audit, "outcomes": res.outcomes}))
                 return res
             seen_raw = await pipe.mget(akeys)
             seen = {a.split(":")[-1]: json.loads(v) for a, v in zip(akeys, seen_raw, strict=True) if v is not None}
@@ -301,7 +337,7 @@ class Store:
                 if res.opened:
                     pipe.zadd(self.k("events"), {new_ev["id"]: new_ev["opened_at"]})
                     pipe.hset(open_key, job, new_ev["id"])
-            pipe.xadd(self.k("audit"), self._audit_args(
+            self._xadd(pipe, self._audit_args(
                 "delivery", job, new_ev["id"] if new_ev else "", data={**audit, "outcomes": res.outcomes,
                                                                        "opened": res.opened}, ts=now))
             return res
@@ -323,7 +359,7 @@ class Store:
             pipe.set(self.k("event", event["id"]), _dumps(event))
             pipe.zadd(self.k("events"), {event["id"]: event["opened_at"]})
             pipe.hset(open_key, event["job"], event["id"])
-            pipe.xadd(self.k("audit"), self._audit_args("event", event["job"], event["id"],
+            self._xadd(pipe, self._audit_args("event", event["job"], event["id"],
                                                         data={"what": "opened", "manual": True}))
             return event
 
@@ -349,7 +385,7 @@ class Store:
             if new.get("state") == "closed" and cur.get("state") != "closed":
                 pipe.hdel(open_key, new["job"])
             if audit is not None:
-                pipe.xadd(self.k("audit"), self._audit_args(audit.pop("kind", "event"), new["job"], event_id,
+                self._xadd(pipe, self._audit_args(audit.pop("kind", "event"), new["job"], event_id,
                                                             audit.pop("action", ""), audit))
             return new
 
@@ -382,7 +418,7 @@ class Store:
             if ev is not None:
                 ev["actions"] = [*ev.get("actions", []), action["id"]]
                 pipe.set(ekey, _dumps(ev))
-            pipe.xadd(self.k("audit"), self._audit_args("action", job, action["event_id"], action["id"],
+            self._xadd(pipe, self._audit_args("action", job, action["event_id"], action["id"],
                                                         data={"what": "created", **audit}))
             return action, True
 
@@ -415,7 +451,7 @@ class Store:
             if new["state"] == "running" and cur.get("state") != "running":
                 pipe.zadd(self.k("started", new["job"]), {action_id: new.get("started_at") or time.time()})
                 pipe.set(self.k("alive", action_id), self.replica, px=int(audit.pop("lease_ms", 30000)))
-            pipe.xadd(self.k("audit"), self._audit_args("action", new["job"], new.get("event_id", ""), action_id,
+            self._xadd(pipe, self._audit_args("action", new["job"], new.get("event_id", ""), action_id,
                                                         data={"state": new["state"], **audit}))
             return new, True
 

@@ -224,6 +224,18 @@ def test_deliveries_dedupe_across_repeats_replicas_and_order(env: Env) -> None:
         assert {x["replica"] for x in audit if x["kind"] == "delivery"} == {"a", "b"}
 
 
+def test_the_audit_stream_is_trimmed_to_about_its_cap(env: Env) -> None:
+    with env.app(mode="dry-run", audit_max_entries=100) as a:
+        for i in range(600):  # repeats take the one-round-trip path, new alerts the transaction; both trim
+            fp = f"f{i // 3}"
+            a.post("/api/v1/alerts", content=body("llm1", [{"fp": fp, "status": "firing"}]), headers=AUTH)
+        n = env.stored()[1]
+        # approximate trimming (MAXLEN ~) drops whole stream nodes: at most one node (100 entries) over the cap
+        assert 100 <= n <= 200, n
+        newest = a.get("/audit", headers=AUTH, params={"limit": 1}).json()[0]
+        assert newest["kind"] == "delivery" and newest["data"]["alerts"][0]["fingerprint"] == "f199"
+
+
 def test_redis_away_is_a_503_and_the_retry_is_stored(tmp_path: Path) -> None:
     port = free_port()
     rdir = tmp_path / "redis"
