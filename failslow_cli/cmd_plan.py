@@ -7,8 +7,13 @@ prints the optimal split of the micro-batches over the DP groups as JSON::
      "even": {"counts": [...], "makespan": s}, "speedup": even / optimal, "moved": n}
 
 ``speedup`` is the predicted iteration speed-up over the even split (what a job runs before rebalancing)
-and ``moved`` how many micro-batches change group. Logic lives in `failslow.plan`. Further planners (say
-``topology``) are added as sub-commands beside ``rebalance``.
+and ``moved`` how many micro-batches change group.
+
+`failslow plan topology --layout dp=2,pp=2,tp=1 [--placement 0,1,2,3] [--slow-rank 3=2.5] [--slow-link 1=0.1]
+[--slow-link 0-1=0.1] [--iteration-s T] [model options]` scores node permutations with the S3 model
+(`failslow.plan.placement`) and prints the current predicted time, every candidate with its predicted iteration
+time and why, and the chosen placement (``null`` with the refusal ``reason`` when no move gains ``--min-gain``).
+Logic lives in `failslow.plan`.
 """
 
 from __future__ import annotations
@@ -16,10 +21,12 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
+from typing import Any
 
 from failslow.errors import InputError
+from failslow.topology import Layout
 
-HELP = "plan a mitigation by hand: rebalance micro-batches over DP groups (exact S2)"
+HELP = "plan a mitigation by hand: rebalance micro-batches (exact S2), re-place nodes (S3)"
 
 
 def _numbers(text: str, what: str) -> list[float]:
@@ -72,11 +79,143 @@ def _run_rebalance(args: argparse.Namespace) -> int:
     return 0
 
 
+def _layout(text: str, ranks_per_node: int | None) -> Layout:
+    """``dp=2,pp=2,tp=1[,ranks_per_node=N]`` or a JSON file holding such a mapping (or ``{"layout": {...}}``)."""
+    spec: dict[str, Any]
+    if "=" in text:
+        spec = {}
+        for part in text.split(","):
+            key, sep, value = part.partition("=")
+            key = {"rpn": "ranks_per_node"}.get(key.strip(), key.strip())
+            if not sep or key not in ("dp", "pp", "tp", "cp", "vpp", "ranks_per_node"):
+                raise InputError(f"bad --layout {text!r}: expected dp=N,pp=N,tp=N[,ranks_per_node=N]")
+            try:
+                spec[key] = int(value)
+            except ValueError:
+                raise InputError(f"bad --layout {text!r}: {key} must be an integer") from None
+    else:
+        try:
+            with open(text, encoding="utf-8") as fh:
+                spec = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise InputError(f"bad --layout {text!r}: neither dp=..,pp=..,tp=.. nor a readable JSON file ({exc})") \
+                from None
+        if isinstance(spec, dict) and isinstance(spec.get("layout"), dict):
+            spec = spec["layout"]
+        if not isinstance(spec, dict):
+            raise InputError(f"bad --layout file {text!r}: expected a JSON object")
+    if ranks_per_node is not None:
+        spec["ranks_per_node"] = ranks_per_node
+    return Layout.from_mapping(spec)
+
+
+def _pairs(items: list[str], what: str) -> list[tuple[str, float]]:
+    out: list[tuple[str, float]] = []
+    for item in items:
+        key, sep, value = item.partition("=")
+        try:
+            if not sep:
+                raise ValueError
+            out.append((key.strip(), float(value)))
+        except ValueError:
+            raise InputError(f"bad {what} {item!r}: expected KEY=NUMBER") from None
+    return out
+
+
+def _add_topology(p: argparse.ArgumentParser) -> None:
+    from failslow.plan.placement import PlacementParams
+
+    d = PlacementParams()
+    p.add_argument("--layout", required=True,
+                   help="dp=N,pp=N,tp=N[,ranks_per_node=N], or a JSON file with those keys (or a \"layout\" object)")
+    p.add_argument("--ranks-per-node", type=int,
+                   help="ranks per node when neither --layout nor --placement says (default: tp)")
+    p.add_argument("--placement", help="node of each rank, comma-separated (default: rank // ranks_per_node)")
+    p.add_argument("--slow-rank", action="append", default=[], metavar="RANK=FACTOR",
+                   help="a rank's compute slowdown, e.g. 3=2.5 (2.5x slower); repeatable")
+    p.add_argument("--slow-link", action="append", default=[], metavar="NODE=SHARE",
+                   help="bandwidth share left on a node's NIC (1=0.1) or on the path between two nodes "
+                        "(0-1=0.1); repeatable")
+    p.add_argument("--iteration-s", type=float, help="measured iteration time now: calibrates the model on it")
+    p.add_argument("--micro-batches", default=str(d.microbatches),
+                   help=f"micro-batches per DP replica: one or one per replica (default {d.microbatches})")
+    p.add_argument("--compute-s", default=str(d.compute_s),
+                   help=f"healthy seconds per micro-batch of a stage: one or one per stage (default {d.compute_s})")
+    p.add_argument("--edge-weight", type=float, default=d.edge_stage_weight,
+                   help=f"compute factor of the first and last stage (default {d.edge_stage_weight})")
+    p.add_argument("--p2p-bytes", type=float, default=d.p2p_bytes,
+                   help=f"bytes per micro-batch over a pipeline hop (default {d.p2p_bytes:.0f})")
+    p.add_argument("--grad-bytes", default=f"{d.grad_bytes:.0f}",
+                   help="gradient bytes of a stage all-reduced per iteration: one or one per stage "
+                        f"(default {d.grad_bytes:.0f})")
+    p.add_argument("--tp-bytes", type=float, default=d.tp_bytes,
+                   help=f"TP all-reduce bytes per micro-batch of a stage (default {d.tp_bytes:.0f})")
+    p.add_argument("--link-bw", type=float, default=d.link_bw,
+                   help=f"healthy inter-node bandwidth, bytes/s (default {d.link_bw:.3g})")
+    p.add_argument("--intra-bw", type=float, default=d.intra_bw,
+                   help=f"bandwidth inside a node, bytes/s (default {d.intra_bw:.3g})")
+    p.add_argument("--overhead-s", type=float, default=d.overhead_s,
+                   help=f"seconds per iteration outside pipeline and all-reduce (default {d.overhead_s})")
+    p.add_argument("--min-gain", type=float, default=0.03,
+                   help="smallest relative gain worth a move (default 0.03)")
+    p.add_argument("--max-candidates", type=int, default=16, help="most candidates listed (default 16)")
+
+
+def _one_or_many(text: str, what: str) -> float | tuple[float, ...]:
+    values = _numbers(text, what)
+    return values[0] if len(values) == 1 else tuple(values)
+
+
+def _run_topology(args: argparse.Namespace) -> int:
+    from failslow.plan.placement import LinkKey, PlacementParams, plan_topology
+
+    placement = None
+    if args.placement is not None:
+        raw = _integers(args.placement, "--placement")
+        placement = [raw] if isinstance(raw, int) else raw
+    rpn = args.ranks_per_node
+    layout = _layout(args.layout, rpn)
+    if layout.ranks_per_node is None and placement is None:
+        layout = Layout.from_mapping({**layout.to_dict(), "ranks_per_node": layout.tp})
+    slow_ranks: dict[int, float] = {}
+    for key, value in _pairs(args.slow_rank, "--slow-rank"):
+        try:
+            slow_ranks[int(key)] = value
+        except ValueError:
+            raise InputError(f"bad --slow-rank {key}={value}: RANK must be an integer") from None
+    slow_links: dict[LinkKey, float] = {}
+    for key, value in _pairs(args.slow_link, "--slow-link"):
+        try:
+            ends = [int(x) for x in key.split("-")]
+        except ValueError:
+            raise InputError(f"bad --slow-link {key}={value}: expected NODE or NODE-NODE") from None
+        if len(ends) == 1:
+            slow_links[ends[0]] = value
+        elif len(ends) == 2:
+            slow_links[(ends[0], ends[1])] = value
+        else:
+            raise InputError(f"bad --slow-link {key}={value}: expected NODE or NODE-NODE")
+    mb = _integers(args.micro_batches, "--micro-batches")
+    params = PlacementParams(
+        microbatches=mb if isinstance(mb, int) else tuple(mb),
+        compute_s=_one_or_many(args.compute_s, "--compute-s"), edge_stage_weight=args.edge_weight,
+        p2p_bytes=args.p2p_bytes, grad_bytes=_one_or_many(args.grad_bytes, "--grad-bytes"),
+        tp_bytes=args.tp_bytes, link_bw=args.link_bw, intra_bw=args.intra_bw, overhead_s=args.overhead_s)
+    plan = plan_topology(layout, placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
+                         iteration_s=args.iteration_s, min_gain=args.min_gain, max_candidates=args.max_candidates)
+    doc = {"layout": layout.to_dict(), "placement": list(placement) if placement is not None
+           else [int(x) for x in layout.nodes_array()], **plan.to_json()}
+    print(json.dumps(doc, indent=2))
+    return 0
+
+
 # sub-command -> (help, add_arguments, run)
 SUBCOMMANDS: dict[str, tuple[str, Callable[[argparse.ArgumentParser], None],
                              Callable[[argparse.Namespace], int]]] = {
     "rebalance": ("optimal split of the micro-batches over DP groups of measured speeds (exact)",
                   _add_rebalance, _run_rebalance),
+    "topology": ("score node permutations against slow ranks and links and choose a placement (S3)",
+                 _add_topology, _run_topology),
 }
 
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from failslow.errors import InputError
 from failslow.plan.pace import PaceModel, RankCompute, fit, overhead
+from failslow.plan.placement import PlacementParams, plan_topology, suspect_slowness
 from failslow.plan.policy import (
     IN_FLIGHT,
     LEVEL,
@@ -42,6 +43,7 @@ from failslow.plan.policy import (
     JobView,
     PastAction,
     Suspect,
+    TopologyOption,
     accrue,
     decide,
     judge,
@@ -49,6 +51,7 @@ from failslow.plan.policy import (
     restore,
     signature,
 )
+from failslow.topology import Layout
 from remediator.adapters import build
 from remediator.adapters.base import (
     ActionOutcome,
@@ -79,6 +82,27 @@ class RequestRefused(Exception):
 
 def _suspects(doc: list[dict[str, Any]]) -> tuple[Suspect, ...]:
     return tuple(Suspect(s.get("kind", ""), s.get("rank"), s.get("node", "")) for s in doc)
+
+
+def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: PaceModel | None,
+              pace: float | None) -> tuple[TopologyOption, ...]:
+    """S3 placements for the planner: the suspects' slowness scored by the topology planner (empty when the
+    job's shape is unknown, nothing is suspected, or the plan refused)."""
+    if not suspects or not info.layout or not info.placement:
+        return ()
+    try:
+        layout = Layout.from_mapping(info.layout)
+        slow_ranks, slow_links = suspect_slowness(layout, suspects, info.nodes, model)
+        if not slow_ranks and not slow_links:
+            return ()
+        params = PlacementParams(microbatches=tuple(info.microbatches)) if info.microbatches else None
+        plan = plan_topology(layout, info.placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
+                             iteration_s=pace)
+    except InputError as exc:
+        log.info("job %s: no topology plan: %s", job, exc)
+        return ()
+    log.info("job %s: topology plan: %s", job, plan.reason)
+    return plan.options()
 
 
 def _past(actions: list[dict[str, Any]], dry_run_mode: bool) -> tuple[PastAction, ...]:
@@ -289,10 +313,11 @@ class Remediator:
         return self.config.costs.with_measured(measured)
 
     # ------------------------------------------------------------------ one event
-    async def _inputs(self, ev: dict[str, Any], now: float) -> tuple[JobView, dict[str, Any], Costs, list[dict[str, Any]],
-                                                                       TrainingAdapter | None]:
-        """Measure everything the planner needs for `ev`; returns the job view, the event fields to store,
-        the costs, the event's actions and the adapter."""
+    async def _inputs(self, ev: dict[str, Any], now: float, suspects: tuple[Suspect, ...] | None = None
+                      ) -> tuple[JobView, dict[str, Any], Costs, list[dict[str, Any]], TrainingAdapter | None]:
+        """Measure everything the planner needs for `ev` (S3 placements scored for `suspects`, by default the
+        event's); returns the job view, the event fields to store, the costs, the event's actions and the
+        adapter."""
         job = ev["job"]
         adapter = self.adapter_for(job, ev.get("labels") or {})
         obs = await self._observe(job, now)
@@ -345,6 +370,9 @@ class Remediator:
             ineffective=inef,
             actions_last_hour=await self.store.started_since(job, now - 3600.0),
         )
+        if adapter is not None and info is not None and "topology" in view.capabilities:
+            found = _suspects(ev.get("suspects") or []) if suspects is None else suspects
+            view = replace(view, topology=await asyncio.to_thread(_topology, job, info, found, model, pace))
         return view, upd, await self._costs(adapter), actions, adapter
 
     async def _healthy_overhead(self, job: str, onset: float, healthy: float,
@@ -666,9 +694,9 @@ class Remediator:
             if other is not None and other.get("state") in IN_FLIGHT:
                 raise RequestRefused(409, {"detail": f"action {inflight} of job {req.job} is {other['state']}",
                                            "action_id": inflight, "action": other})
-        view, upd, costs, actions, adapter = await self._inputs(ev, now)
         suspects = _suspects([s.model_dump() for s in req.suspects]) if req.suspects else \
             _suspects(ev.get("suspects") or [])
+        view, upd, costs, actions, adapter = await self._inputs(ev, now, suspects)
         ev_view = EventView(job=req.job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
                             suspects=suspects, lost_s=float(upd["lost_s"]), validated=ev.get("validated"),
                             actions=_past(actions, not self.auto))

@@ -1,0 +1,21 @@
+"""The remediator hands the S3 planner's placements to the ski-rental planner (JobView.topology)."""
+
+from __future__ import annotations
+
+from failslow.plan.policy import Suspect
+from remediator.adapters.base import JobInfo
+from remediator.service import _topology
+
+
+def test_link_suspect_on_a_shaped_job_yields_options_and_bad_shapes_yield_none() -> None:
+    info = JobInfo(layout={"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 2}, placement=[0, 1, 0, 1],
+                   nodes=["a", "b"], microbatches=[4, 4])
+    # two nodes, each a DP replica's pipeline: both nodes' units are alike, so a swap gains nothing
+    assert _topology("j", info, (Suspect("link", None, "b"),), None, 2.0) == ()
+    info = JobInfo(layout={"dp": 1, "pp": 4, "tp": 2, "ranks_per_node": 1}, placement=list(range(8)),
+                   nodes=[f"n{i}" for i in range(8)], microbatches=[8])
+    opts = _topology("j", info, (Suspect("compute", 0), Suspect("compute", 5)), None, 3.0)
+    assert opts and opts[0].predicted_s < 3.0 and sorted(opts[0].placement) == list(range(8))
+    assert _topology("j", info, (), None, 3.0) == ()
+    bad = JobInfo(layout={"dp": 2, "pp": 2}, placement=[0, 1, 2], nodes=["a"], microbatches=[4, 4])
+    assert _topology("j", bad, (Suspect("compute", 0),), None, 3.0) == ()  # InputError: logged, no options
