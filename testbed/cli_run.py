@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = job_config(args, args.iterations)
     if not have_root() or args.loopback:
         print("failslow testbed: no network namespaces (not root or --loopback): ranks use loopback; "
-              "link faults are unavailable", file=sys.stderr)
+              "link and path faults are unavailable", file=sys.stderr)
 
     def show(rec: dict[str, Any]) -> None:
         if args.progress:

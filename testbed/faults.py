@@ -6,6 +6,9 @@ Spec grammar: ``KIND:key=value,key=value,...``. Kinds and keys:
 kind       keys                                  effect
 =========  ====================================  =======================================================
 link       node, rate                            ``tc qdisc tbf`` at `rate` on both ends of the node's veth
+path       a, b, rate                            a congested path: traffic between nodes `a` and `b` only
+                                                 (both directions) at `rate` (``htb`` + ``u32`` filter on
+                                                 the dst address, on each node's end of its veth)
 cpu        rank, quota                           cgroup v1 CPU quota (in CPUs) on the rank's process; on
                                                  its end the rank's base cap (``--cpu-cap``), if any
 gc         rank, every, pause                    every `every` iterations the rank stops `pause` seconds
@@ -20,6 +23,10 @@ poisson    mean_gap, mean_dur, kinds,            a random schedule: exponential 
 Every kind also takes a schedule: ``at=SECONDS`` / ``for=SECONDS`` (from job start) or
 ``start_iter=N`` / ``stop_iter=N`` (by the slowest rank's completed iterations). Without a schedule
 the fault is active for the whole run.
+
+A link fault and a path fault both own the root qdisc of a node's ``eth0``, so a node takes at most one
+of them at a time (two paths sharing a node included): binding refuses one whose schedule may overlap
+another such fault on the same node, and starting refuses one whose node's ``eth0`` is already shaped.
 
 A fault acts through a :class:`FaultTarget` (the running testbed, or any other harness such as the
 DP-scaling testbed) that knows the link devices of a node, the process of a rank and how to tell the
@@ -43,7 +50,7 @@ from typing import Any, ClassVar, Protocol
 
 from failslow.errors import InputError
 from testbed.cgroup import CpuCgroup
-from testbed.netns import clear_rate, parse_rate, set_rate
+from testbed.netns import clear_rate, interface_address, parse_rate, root_qdisc_kind, set_path_rate, set_rate
 
 
 class FaultTarget(Protocol):
@@ -115,6 +122,7 @@ class Fault:
     episodes: list[dict[str, Any]] = field(default_factory=list, init=False)
     target_env: FaultTarget | None = field(default=None, init=False, repr=False)
     active: bool = field(default=False, init=False)
+    start_failed: bool = field(default=False, init=False)  # the last start() raised: nothing was applied
 
     def bind(self, target: FaultTarget) -> Fault:
         """Attach the environment the fault acts on; validates the fault's target against it."""
@@ -145,7 +153,12 @@ class Fault:
         """Activate the fault now (idempotent) and open an episode."""
         if self.active:
             return
-        self._apply()
+        try:
+            self._apply()
+        except BaseException:
+            self.start_failed = True
+            raise
+        self.start_failed = False
         self.active = True
         self.episodes.append({"spec": self.spec, "kind": self.kind, "target": self.target,
                               "start_unix_s": time.time(), "end_unix_s": None})
@@ -187,11 +200,13 @@ class LinkFault(Fault):
         _range_check("node", self.node, target.num_nodes, "nodes")
         if not target.link_devices(self.node):
             raise InputError("link faults are unavailable: the testbed runs on loopback (no root, no namespaces)")
+        _check_qdisc_owners(self, target)
 
     def _apply(self) -> None:
         devices = self._env().link_devices(self.node)
         if not devices:
             raise InputError("link faults are unavailable: the testbed runs on loopback (no root, no namespaces)")
+        _check_unshaped(self, self.node, devices[0])
         for ns, dev in devices:
             set_rate(ns, dev, self.rate)
         self._devices = devices
@@ -199,6 +214,114 @@ class LinkFault(Fault):
     def _remove(self) -> None:
         for ns, dev in self._devices:
             clear_rate(ns, dev)
+
+
+@dataclass
+class PathFault(Fault):
+    """A congested path between nodes `a` and `b`: only their traffic with each other is capped at `rate`,
+    both directions; their traffic with every other node is untouched (FALCON's congested link between two
+    DP peers, as opposed to :class:`LinkFault`, a node's whole NIC).
+
+    On each node's end of its veth (``eth0`` in its namespace) a root ``htb`` qdisc sends packets for the
+    other node's address (``u32`` filter) to a class at rate = ceil = `rate`; other packets leave unshaped
+    through htb's direct queue. Stopping deletes both root qdiscs.
+    """
+
+    a: int = 0
+    b: int = 1
+    rate: str = "20mbit"
+    kind: ClassVar[str] = "path"
+    _devices: list[tuple[str, str]] = field(default_factory=list, init=False, repr=False)
+
+    @property
+    def target(self) -> str:
+        return f"nodes={self.a},{self.b}"
+
+    def validate(self, target: FaultTarget) -> None:
+        _range_check("a", self.a, target.num_nodes, "nodes")
+        _range_check("b", self.b, target.num_nodes, "nodes")
+        if self.a == self.b:
+            raise InputError(f"path fault {self.spec!r} needs two different nodes (a != b)")
+        if not target.link_devices(self.a):
+            raise InputError("path faults are unavailable: the testbed runs on loopback (no root, no namespaces)")
+        _check_qdisc_owners(self, target)
+
+    def _apply(self) -> None:
+        env = self._env()
+        ends = [env.link_devices(n) for n in (self.a, self.b)]
+        if not all(ends):
+            raise InputError("path faults are unavailable: the testbed runs on loopback (no root, no namespaces)")
+        devices = [ends[0][0], ends[1][0]]  # each node's own end of its veth
+        for node, dev in zip((self.a, self.b), devices, strict=True):
+            _check_unshaped(self, node, dev)
+        addresses = [interface_address(ns, ifname) for ns, ifname in devices]
+        done: list[tuple[str, str]] = []
+        try:
+            for (ns, ifname), peer in zip(devices, reversed(addresses), strict=True):
+                set_path_rate(ns, ifname, peer, self.rate)
+                done.append((ns, ifname))
+        except BaseException:
+            for ns, ifname in done:
+                clear_rate(ns, ifname)
+            raise
+        self._devices = done
+
+    def _remove(self) -> None:
+        for ns, dev in self._devices:
+            clear_rate(ns, dev)
+        self._devices = []
+
+
+def _qdisc_nodes(fault: Fault) -> set[int]:
+    """Nodes whose ``eth0`` root qdisc `fault` sets (link and path faults)."""
+    if isinstance(fault, LinkFault):
+        return {fault.node}
+    if isinstance(fault, PathFault):
+        return {fault.a, fault.b}
+    return set()
+
+
+def _windows_overlap(s: Schedule, t: Schedule) -> bool:
+    """Whether two schedules may be active at once (True unless both are windows of the same unit that are
+    disjoint)."""
+    def window(lo: float | None, hi: float | None) -> tuple[float, float]:
+        return (lo or 0.0, float("inf") if hi is None else hi)
+
+    by_iter = [x.start_iter is not None or x.stop_iter is not None for x in (s, t)]
+    by_time = [x.at_s is not None or x.for_s is not None for x in (s, t)]
+    if all(by_iter) and not any(by_time):
+        (a0, a1), (b0, b1) = (window(x.start_iter, x.stop_iter) for x in (s, t))
+    elif all(by_time) and not any(by_iter):
+        (a0, a1), (b0, b1) = (window(x.at_s, None if x.for_s is None else (x.at_s or 0.0) + x.for_s)
+                              for x in (s, t))
+    else:
+        return True
+    return a0 < b1 and b0 < a1
+
+
+def _check_qdisc_owners(fault: Fault, target: FaultTarget) -> None:
+    """Refuse a link/path fault on a node whose ``eth0`` another link/path fault of `target` (its ``faults``,
+    if it keeps them) shapes now or may shape at the same time."""
+    mine = _qdisc_nodes(fault)
+    for other in getattr(target, "faults", None) or []:
+        shared = mine & _qdisc_nodes(other)
+        if other is fault or not shared:
+            continue
+        # injected at run time and removed since, or refused when it was to start
+        finished = not other.active and (bool(other.episodes) or other.start_failed) and not other.schedule.timed
+        if other.active or (not finished and _windows_overlap(fault.schedule, other.schedule)):
+            raise InputError(f"fault {fault.spec!r} and fault {other.spec!r} both shape node {min(shared)}'s link "
+                             f"(the root qdisc of its eth0) at the same time; a node takes one link or path fault "
+                             f"at a time")
+
+
+def _check_unshaped(fault: Fault, node: int, device: tuple[str, str]) -> None:
+    """Refuse to start a link/path fault on a node whose ``eth0`` already carries one (tbf or htb root)."""
+    kind = root_qdisc_kind(*device)
+    if kind in ("tbf", "htb"):
+        what = "a link fault (tbf)" if kind == "tbf" else "a path fault (htb)"
+        raise InputError(f"cannot start {fault.spec!r}: node {node}'s eth0 already carries {what}; a node takes "
+                         f"one link or path fault at a time")
 
 
 def _check_below_cap(target: object, quota: float, what: str, who: str = "the rank") -> None:
@@ -399,9 +522,12 @@ class PoissonFault(Fault):
             else:
                 node = rng.randrange(env.num_nodes)
                 child = LinkFault(spec=f"link:node={node},rate={self.rate}", node=node, rate=self.rate)
-            child.bind(env)
+            try:
+                child.bind(env)
+                child.start()
+            except InputError:  # the node's link is (or may be) a path fault's now: skip this episode
+                continue
             self.children.append(child)
-            child.start()
             self._stop_evt.wait(rng.expovariate(1.0 / self.mean_dur))
             child.stop()
 
@@ -436,6 +562,7 @@ def _num(key: str, raw: str, kind: type, spec: str) -> Any:
 _KINDS: dict[str, tuple[type[Fault], set[str], set[str]]] = {
     # kind: (class, required keys, optional keys)
     "link": (LinkFault, {"node", "rate"}, set()),
+    "path": (PathFault, {"a", "b", "rate"}, set()),
     "cpu": (CpuFault, {"rank", "quota"}, set()),
     "gc": (GcFault, {"rank"}, {"every", "pause"}),
     "seqlen": (SeqlenFault, {"dp", "factor"}, set()),
@@ -486,6 +613,14 @@ def parse_spec(spec: str) -> Fault:
             parse_rate(kv["rate"])
         except ValueError as exc:
             raise InputError(f"{exc} in fault spec {spec!r}") from None
+    elif kind == "path":
+        args = {"a": _num("a", kv["a"], int, spec), "b": _num("b", kv["b"], int, spec), "rate": kv["rate"]}
+        if args["a"] == args["b"]:
+            raise InputError(f"path fault needs two different nodes (a != b) in spec {spec!r}")
+        try:
+            parse_rate(kv["rate"])
+        except ValueError as exc:
+            raise InputError(f"{exc} in fault spec {spec!r}") from None
     elif kind == "cpu":
         args = {"rank": _num("rank", kv["rank"], int, spec), "quota": _num("quota", kv["quota"], float, spec)}
         if not 0.01 <= args["quota"] <= 64:
@@ -526,7 +661,7 @@ def parse_spec(spec: str) -> Fault:
             parse_rate(args["rate"])
         except ValueError as exc:
             raise InputError(f"{exc} in fault spec {spec!r}") from None
-    for key in ("node", "rank", "dp", "pp"):
+    for key in ("node", "a", "b", "rank", "dp", "pp"):
         if key in args and args[key] < 0:
             raise InputError(f"{key} must be >= 0 in fault spec {spec!r}")
     return cls(spec=spec.strip(), schedule=sched, **args)

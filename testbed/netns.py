@@ -5,6 +5,8 @@ Linux bridge. The bridge lives in a namespace of its own, so the testbed never a
 address or route to the root namespace. Traffic between ranks on different nodes therefore crosses
 two veth ends, which is where link faults (``tc qdisc ... tbf``) are applied: the node end shapes
 what the node sends, the bridge end shapes what it receives.
+Path faults (:func:`set_path_rate`: ``htb`` with a ``u32`` filter on the peer's address) shape the
+node ends only, each for traffic to the other node.
 
 Names carry a prefix with the owning process id (``fsltb<pid>-<k>-n0``, ``fsltb<pid>-<k>-br``), so several
 testbeds can run side by side and ``failslow testbed cleanup`` can tell whose resources are stale.
@@ -228,3 +230,48 @@ def clear_rate(netns: str, ifname: str) -> None:
 def show_qdisc(netns: str, ifname: str) -> str:
     """`tc qdisc show dev IFNAME` inside `netns` (for tests and diagnostics)."""
     return run_cmd(["ip", "netns", "exec", netns, "tc", "qdisc", "show", "dev", ifname], check=False).stdout
+
+
+PATH_CLASS = "1:1"
+
+
+def set_path_rate(netns: str, ifname: str, peer_address: str, rate: str) -> None:
+    """Limit what `ifname` in `netns` sends to `peer_address` to `rate`; other traffic stays unshaped.
+
+    A root ``htb`` qdisc (handle ``1:``) without a default class, so unclassified packets leave
+    through htb's direct queue at full speed; one class at rate = ceil = `rate` (burst as in
+    :func:`set_rate`, leaf: htb's default pfifo) and a ``u32`` filter sending packets whose
+    destination is `peer_address` to it. Uses ``qdisc add``, so it fails on a device that already
+    has a root qdisc of its own (a tbf link fault, another path); remove with :func:`clear_rate`.
+    """
+    bits = parse_rate(rate)
+    burst = str(max(16_000, int(bits / 8 / 100)))
+    tc = ["ip", "netns", "exec", netns, "tc"]
+    run_cmd([*tc, "qdisc", "add", "dev", ifname, "root", "handle", "1:", "htb"])
+    try:
+        run_cmd([*tc, "class", "add", "dev", ifname, "parent", "1:", "classid", PATH_CLASS, "htb",
+                 "rate", f"{int(bits)}bit", "ceil", f"{int(bits)}bit", "burst", burst, "cburst", burst])
+        run_cmd([*tc, "filter", "add", "dev", ifname, "parent", "1:", "protocol", "ip", "prio", "1", "u32",
+                 "match", "ip", "dst", f"{peer_address}/32", "flowid", PATH_CLASS])
+    except BaseException:
+        clear_rate(netns, ifname)
+        raise
+
+
+def root_qdisc_kind(netns: str, ifname: str) -> str | None:
+    """Kind of the root qdisc of `ifname` in `netns` (``noqueue`` for an untouched veth, ``tbf`` under a
+    link fault, ``htb`` under a path fault); None when the device or namespace does not exist."""
+    for line in show_qdisc(netns, ifname).splitlines():
+        parts = line.split()
+        if len(parts) >= 4 and parts[0] == "qdisc" and parts[3] == "root":
+            return parts[1]
+    return None
+
+
+def interface_address(netns: str, ifname: str) -> str:
+    """The IPv4 address of `ifname` in `netns` (raises :class:`NetError` when it has none)."""
+    out = ip(["-o", "-4", "addr", "show", "dev", ifname], netns).stdout
+    m = re.search(r"\binet (\d+\.\d+\.\d+\.\d+)/", out)
+    if not m:
+        raise NetError(f"{ifname} in {netns} has no IPv4 address")
+    return m.group(1)
