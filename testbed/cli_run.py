@@ -33,6 +33,9 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--loopback", action="store_true", help="no namespaces even as root (no link faults)")
     p.add_argument("--placement", default=None,
                    help="node of each rank, comma-separated (default: rank // ranks-per-node)")
+    p.add_argument("--spare-nodes", type=int, default=0, metavar="N",
+                   help="N extra nodes (namespaces on the same bridge) with no rank at start, nodes "
+                        "num_nodes..num_nodes+N-1: a restart may move a bad node's ranks onto them (default 0)")
     p.add_argument("--resume", default=None, metavar="CKPT_DIR",
                    help="start from a testbed checkpoint (same layout), continuing its iteration count")
     c = p.add_argument_group("CPU caps (dedicated-device emulation; needs root)")
@@ -85,6 +88,7 @@ def job_config(args: argparse.Namespace, iterations: int) -> JobConfig:
                      micro_batches=args.micro_batches, model=model, seed=args.seed, job=args.job,
                      torch_hook=args.torch_hook, ring_dir=args.ring_dir,
                      namespaces=False if args.loopback else None, placement=_placement(args.placement),
+                     spare_nodes=args.spare_nodes,
                      resume_dir=_resume(args.resume), cpu_cap=args.cpu_cap, cpu_period_us=args.cpu_period_us,
                      pin_cpus=args.pin_cpus, device_speed=args.device_speed)
 

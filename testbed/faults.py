@@ -347,33 +347,52 @@ class CpuFault(Fault):
     rank: int = 0
     quota: float = 0.3
     kind: ClassVar[str] = "cpu"
+    # the rank on the device (node slot) the fault throttles; idle: no rank sits there since a restart
+    device_rank: int = field(default=0, init=False)
+    idle: bool = field(default=False, init=False)
     _cg: CpuCgroup | None = field(default=None, init=False, repr=False)
     _shared: CpuCgroup | None = field(default=None, init=False, repr=False)
     _before: float | None = field(default=None, init=False, repr=False)
 
+    def __post_init__(self) -> None:
+        self.device_rank = self.rank
+
     @property
     def target(self) -> str:
-        return f"rank={self.rank}"
+        if self.idle:
+            return f"rank={self.rank} (its device holds no rank now)"
+        return f"rank={self.device_rank}" if self.device_rank != self.rank else f"rank={self.rank}"
+
+    def retarget(self, rank: int | None) -> None:
+        """Move the fault with its device: after a restart with a new placement, `rank` is whichever rank now
+        sits on the device (node slot) the fault throttles, None when no rank does (the fault then holds
+        nothing back until a rank is placed there again). Call while the fault is stopped."""
+        self.idle = rank is None
+        if rank is not None:
+            self.device_rank = rank
 
     def validate(self, target: FaultTarget) -> None:
         _range_check("rank", self.rank, target.world_size, "ranks")
         _check_below_cap(target, self.quota, "cpu fault", f"rank {self.rank}")
 
     def _apply(self) -> None:
+        if self.idle:
+            return
         env = self._env()
+        rank = self.device_rank
         # a target that already keeps each rank in its own cgroup (the testbed) is capped in place;
         # otherwise the rank's processes move into a fresh cgroup for the fault's duration
         own = getattr(env, "rank_cgroup", None)
-        cg_existing = own(self.rank) if own is not None else None
+        cg_existing = own(rank) if own is not None else None
         if cg_existing is not None:
             # the period of the base cap, so that the fault only changes the share of it
             self._before = cg_existing.quota()
             cg_existing.set_quota(self.quota, period_us=cg_existing.period_us())
             self._shared = cg_existing
             return
-        cg = CpuCgroup.create(f"r{self.rank}-{len(self.episodes)}", prefix=env.cgroup_prefix())
+        cg = CpuCgroup.create(f"r{rank}-{len(self.episodes)}", prefix=env.cgroup_prefix())
         try:
-            for pid in env.rank_pids(self.rank):
+            for pid in env.rank_pids(rank):
                 cg.add(pid)
             cg.set_quota(self.quota)
         except BaseException:

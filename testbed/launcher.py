@@ -32,9 +32,10 @@ from typing import Any
 
 from failslow.errors import InputError
 from failslow.topology import Layout
+from testbed import validation
 from testbed.cgroup import CpuCgroup, cpu_controller_available
 from testbed.config import ModelConfig
-from testbed.faults import Fault, parse_spec
+from testbed.faults import CpuFault, Fault, parse_spec
 from testbed.netns import NetCluster, have_root
 from testbed.state import ENV_PREFIX, RUN_DIR_PREFIX, StateFile, cleanup, kill_process, new_prefix, pid_alive
 from testbed.trace import write_trace
@@ -44,6 +45,18 @@ CONTROL_LEAD_ITERS = 3  # control changes apply this many iterations after the f
 
 class TestbedError(RuntimeError):
     """The job failed at run time (a rank died, a timeout); the message says which and why."""
+
+
+def device_slot(placement: Sequence[int], rank: int) -> tuple[int, int]:
+    """The device `rank` runs on: (its node, its index among that node's ranks in rank order)."""
+    node = placement[rank]
+    return node, [r for r, n in enumerate(placement) if n == node].index(rank)
+
+
+def rank_at(placement: Sequence[int], slot: tuple[int, int]) -> int | None:
+    """The rank `placement` puts on device `slot`, None when that node holds fewer ranks."""
+    on = [r for r, n in enumerate(placement) if n == slot[0]]
+    return on[slot[1]] if slot[1] < len(on) else None
 
 
 @dataclass
@@ -65,6 +78,7 @@ class JobConfig:
     weight_decay: float = 0.01
     namespaces: bool | None = None  # None: when root
     placement: list[int] | None = None  # node of each rank; default rank // ranks_per_node
+    spare_nodes: int = 0  # extra nodes (namespaces) with no rank at start: room for a restart off a bad node
     microbatches: list[int] | None = None  # per DP replica from the start; default micro_batches each
     resume_dir: str | None = None
     dump_grads_iters: list[int] = field(default_factory=list)  # save the reduced gradient at these iterations
@@ -84,6 +98,11 @@ class JobConfig:
     def layout(self) -> Layout:
         """The parallel layout (ranks per node defaults to the TP size: one TP group per node)."""
         return Layout(tp=self.tp, pp=self.pp, dp=self.dp, ranks_per_node=self.ranks_per_node or self.tp)
+
+    @property
+    def total_nodes(self) -> int:
+        """Nodes of the cluster: the layout's nodes plus the spares (a placement may use any of them)."""
+        return self.layout().num_nodes + self.spare_nodes
 
     def validate(self) -> Layout:
         """Check the job fits; return its layout.
@@ -119,11 +138,18 @@ class JobConfig:
             raise InputError(f"device speed must be in [0.01, 1] (share of one CPU), got {self.device_speed}")
         if not 1_000 <= self.cpu_period_us <= 1_000_000:
             raise InputError(f"cpu period must be in [1000, 1000000] us, got {self.cpu_period_us}")
+        if not 0 <= self.spare_nodes <= 64:
+            raise InputError(f"spare nodes must be in 0..64, got {self.spare_nodes}")
         if self.placement is not None:
+            nodes = lay.num_nodes + self.spare_nodes
             if len(self.placement) != lay.world_size:
                 raise InputError(f"placement has {len(self.placement)} entries for {lay.world_size} ranks")
-            if min(self.placement) < 0 or max(self.placement) >= lay.num_nodes:
-                raise InputError(f"placement nodes must be in 0..{lay.num_nodes - 1}")
+            if min(self.placement) < 0 or max(self.placement) >= nodes:
+                raise InputError(f"placement nodes must be in 0..{nodes - 1}")
+            rpn = lay.ranks_per_node or lay.world_size
+            full = sorted({n for n in self.placement if self.placement.count(n) > rpn})
+            if full:  # a node has as many devices as ranks_per_node, as on a real cluster
+                raise InputError(f"placement puts more than {rpn} ranks (ranks per node) on node(s) {full}")
         return lay
 
 
@@ -230,7 +256,7 @@ class Testbed:
         self.config = config
         self.layout = config.validate()
         self.world_size = self.layout.world_size
-        self.num_nodes = self.layout.num_nodes
+        self.num_nodes = config.total_nodes  # the job's nodes and the spares: any may hold ranks after a restart
         self.placement = list(config.placement) if config.placement else \
             [self.layout.node_of(r) for r in range(self.world_size)]
         self.use_ns = have_root() if config.namespaces is None else config.namespaces
@@ -255,6 +281,7 @@ class Testbed:
         self._done: set[int] = set()
         self._snapshots: list[dict[str, Any]] = []
         self._segment = 0
+        self._cpu_slots: dict[int, tuple[int, int]] = {}  # CPU faults whose device holds no rank now
         self._segments: list[dict[str, Any]] = []
         self.training_start: float | None = None
         self.start_unix = time.time()
@@ -390,10 +417,10 @@ class Testbed:
         if self.config.cpu_cap is not None and not (have_root() and cpu_controller_available()):
             raise InputError("a cpu cap (--cpu-cap) needs root and a cgroup v1 cpu controller")
         cleanup()  # what dead testbeds left behind; live ones are untouched
-        for sub in ("progress", "trace", "logs", "requests", "responses", "exits", "grads"):
+        for sub in ("progress", "trace", "logs", "requests", "responses", "exits", "grads", "validate"):
             # a reused --run-dir must not feed the previous job's progress lines into this one
             shutil.rmtree(self.run_dir / sub, ignore_errors=True)
-            if sub not in ("exits", "grads"):
+            if sub not in ("exits", "grads", "validate"):
                 (self.run_dir / sub).mkdir(parents=True, exist_ok=True)
         if self.use_ns:
             self.net = NetCluster.create(self.num_nodes, prefix=self.prefix, state=self.state)
@@ -406,7 +433,7 @@ class Testbed:
         self._segments.append({"resume_iter": 0, "placement": list(self.placement), "start_unix": time.time()})
         (self.run_dir / "testbed.json").write_text(json.dumps({
             "pid": os.getpid(), "prefix": self.prefix, "job": self.config.job, "layout": self.layout.to_dict(),
-            "placement": self.placement, "namespaces": self.use_ns}))
+            "placement": self.placement, "namespaces": self.use_ns, "num_nodes": self.num_nodes}))
         self._spawn(self.config.resume_dir)
         for f in self.faults:
             if not f.schedule.timed and f.kind not in ("gc", "seqlen", "stage"):
@@ -604,7 +631,11 @@ class Testbed:
 
         ``microbatches`` is the split the newest control snapshot asks for (from its ``apply_at``
         iteration); ``last_iteration_end_unix`` and ``recent_iteration_s`` (median of the last 10 iterations
-        of the slowest rank) let a controller measure the pause an action caused.
+        of the slowest rank) let a controller measure the pause an action caused. ``num_nodes`` counts every
+        node, spares (``--spare-nodes``) included; ``spare_nodes`` lists those holding no rank now.
+        ``resume_iteration`` is where the current segment started and ``restart_pause_s`` the time no rank
+        trained across the last restart (from the end of the last iteration before it to the start of the
+        first after it; None before a restart or until that iteration ends).
         """
         cur = self._current()
         ends = [recs[-1]["end_unix"] for recs in self.records.values() if recs]
@@ -616,7 +647,30 @@ class Testbed:
                 "microbatches_from": cur.get("apply_at", 0), "segments": len(self._segments),
                 "last_iteration_end_unix": min(ends) if len(ends) == self.world_size else None,
                 "recent_iteration_s": recent[len(recent) // 2] if recent else None,
-                "iterations": self.config.iterations}
+                "iterations": self.config.iterations, "spare_nodes": self.spare_nodes(),
+                "resume_iteration": self._start_iter, "restart_pause_s": self._restart_pause()}
+
+    def _restart_pause(self) -> float | None:
+        if self._segment == 0:
+            return None
+        resume = self._start_iter
+        stopped: list[float] = []
+        started: list[float] = []
+        for recs in self.records.values():
+            for rec in reversed(recs):
+                if rec["it"] == resume and rec["segment"] == self._segment:
+                    started.append(float(rec["end_unix"] - rec["dt"]))  # the first iteration starts at the barrier
+                elif rec["it"] == resume - 1 and rec["segment"] < self._segment:
+                    stopped.append(float(rec["end_unix"]))
+                    break
+        if len(started) < self.world_size or len(stopped) < self.world_size:
+            return None
+        return max(0.0, min(started) - max(stopped))
+
+    def spare_nodes(self) -> list[int]:
+        """Nodes of the cluster (``--spare-nodes`` included) that hold no rank now."""
+        used = set(self.placement)
+        return [n for n in range(self.num_nodes) if n not in used]
 
     def _handle(self, req: dict[str, Any]) -> Any:
         action = req.get("action")
@@ -637,7 +691,24 @@ class Testbed:
             for f in hits:
                 self.remove(f)
             return len(hits)
+        if action == "validate_compute":
+            return self.validate_compute(req["ranks"], req.get("peers"), vid=req.get("id"))
+        if action == "validate_links":
+            return self.validate_links(req.get("nodes"), req.get("ranks"), req.get("suspects"),
+                                       req.get("topology", "ring"), vid=req.get("id"))
         raise InputError(f"unknown action {action!r}")
+
+    def validate_compute(self, ranks: Sequence[int], peers: Sequence[int] | None = None,
+                         **kw: Any) -> dict[str, Any]:
+        """GEMM benchmark on suspect ranks and healthy peers at a near-future iteration boundary (see
+        :func:`testbed.validation.validate_compute`)."""
+        return validation.validate_compute(self, ranks, peers, **kw)
+
+    def validate_links(self, nodes: Sequence[int] | None = None, ranks: Sequence[int] | None = None,
+                       suspects: Sequence[int] | None = None, topology: str = "ring", **kw: Any) -> dict[str, Any]:
+        """O(1)-round point-to-point link test of a communicator at a near-future iteration boundary (see
+        :func:`testbed.validation.validate_links`)."""
+        return validation.validate_links(self, nodes, ranks, suspects, topology, **kw)
 
     def restart(self, placement: Sequence[int] | None = None, checkpoint_dir: str | Path | None = None) -> int:
         """Checkpoint, stop the ranks and start them again from the checkpoint with a new rank-to-node placement.
@@ -660,7 +731,11 @@ class Testbed:
         for rank, p in self.procs.items():
             self.state.remove("pids", p.pid)
             _ = rank
-        cpu_faults = [f for f in self.faults if f.active and f.kind == "cpu"]
+        cpu_faults = [f for f in self.faults if f.active and isinstance(f, CpuFault)]
+        # a CPU fault stands for a slow device: it stays on its node slot (node, index among the node's
+        # ranks) and throttles whichever rank the new placement puts there, or nothing when none is
+        slots = {id(f): self._cpu_slots.get(id(f)) or device_slot(self.placement, f.device_rank)
+                 for f in cpu_faults}
         for f in cpu_faults:  # their processes are gone; re-applied to the new processes below
             f.stop()
         self.procs = {}
@@ -673,6 +748,13 @@ class Testbed:
         self._push({"stop_at": None, "checkpoint": None}, apply_at=resume)
         self._spawn(str(ck_dir))
         for f in cpu_faults:
+            slot = slots[id(f)]
+            now_on = rank_at(placement, slot)
+            f.retarget(now_on)
+            if now_on is None:
+                self._cpu_slots[id(f)] = slot
+            else:
+                self._cpu_slots.pop(id(f), None)
             f.start()
         self.log(f"restarted from {ck_dir} at iteration {resume} with placement {placement}")
         return resume
@@ -702,6 +784,8 @@ class Testbed:
             "job": self.config.job,
             "layout": {**lay.to_dict(), "world_size": lay.world_size, "num_nodes": lay.num_nodes},
             "placement": self.placement,
+            "num_nodes": self.num_nodes,
+            "spare_nodes": self.spare_nodes(),
             "namespaces": self.use_ns,
             "link_faults_available": self.use_ns,
             "model": asdict(self.config.model),

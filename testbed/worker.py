@@ -14,7 +14,7 @@ Schedule: Megatron's non-interleaved 1F1B (warm-up forwards, steady one-forward-
 combined send-forward/recv-backward p2p, cool-down backwards), gradient accumulation over the
 micro-batches, one flat all-reduce of the gradients over the DP group, AdamW.
 
-Run-time control (micro-batch counts per DP replica, in-trainer faults, checkpoints, stop) comes from
+Run-time control (micro-batch counts per DP replica, in-trainer faults, checkpoints, validations, stop) comes from
 ``RUN_DIR/control.json``, which every rank reads at each iteration start. Each snapshot carries the
 iteration it applies from (set by the launcher a few iterations ahead of the slowest rank), so all
 ranks switch at the same iteration without an extra collective inside the measured iteration.
@@ -39,6 +39,7 @@ import torch.nn.functional as F
 
 from failslow.topology import Layout
 from testbed.model import AdamW, Corpus, ModelConfig, Stage, TPContext, stage_layers
+from testbed.validation import run_in_rank
 
 # optype names follow the Megatron trace in ../shared/data/whatif-ST so what-if analysis reads ours.
 FWD, BWD = "forward-compute", "backward-compute"
@@ -389,12 +390,18 @@ class Rank:
                 break
             start = prev
             self.iter_start = start
+            # FALCON's validation at this boundary (testbed.validation): every rank takes part. Its time
+            # is part of this iteration (the pause it costs) and of the trace's step-overhead.
+            val = snap.get("validate")
+            held = run_in_rank(self.rank, val) if val and val.get("at") == it else None
             loss = self.iteration(it, snap)
             end = time.monotonic()
             mbs = snap.get("microbatches") or [self.cfg["micro_batches"]] * self.layout.dp
             rec: dict[str, Any] = {"rank": self.rank, "it": it, "start": start, "end": end,
                                    "end_unix": end + mono_to_unix, "dt": end - start, "loss": loss,
                                    "mb": mbs[self.c.dp], **self.last_shape, "faults": sorted((snap.get("faults") or {}).keys())}
+            if held is not None:
+                rec["validate"], rec["validate_s"] = val["id"], held
             ck = snap.get("checkpoint")
             if ck and ck["after_iter"] == it:
                 self.save(Path(ck["dir"]), it + 1)

@@ -7,10 +7,26 @@ Options:
 * ``progress_timeout_s`` (default 120) — after a restart, how long to wait for the first new iteration,
   which is when the pause is measured.
 
-Capabilities: ``rebalance`` (the split applies at a near-future iteration boundary, the global batch and so
+Capabilities: ``validate`` (FALCON's validation stage: ``ranks`` run a short GEMM benchmark beside one
+healthy peer each, ``nodes`` have their links measured — the job's nodes form one ring tested in two or three
+rounds of disjoint point-to-point pairs, the links away from the suspects being the reference; both at an
+iteration boundary, by the training processes themselves. The outcome's result follows the contract of
+:mod:`remediator.adapters.base`: ``confirmed`` (any suspect confirmed), ``ranks`` and ``nodes`` (the confirmed
+suspects), plus ``cleared_ranks``, ``cleared_nodes`` and the job's verdicts and numbers under ``compute`` and
+``links``; ``pause_s`` is the measured extra iteration time the tests cost, ``iterations_lost`` 0. Thresholds:
+:mod:`failslow.plan.validate`), ``rebalance`` (the split applies at a near-future iteration boundary, the global batch and so
 the gradient unchanged: no pause), ``topology`` (checkpoint, stop, restart with the given rank-to-node
-placement) and ``restart`` (the same, moving the excluded nodes' ranks to the healthy nodes that hold the
-fewest ranks). Nodes are named ``node0``, ``node1``, … as in the testbed. Every request file is named by
+placement) and ``restart`` (S4: the same, without the excluded nodes — ``exclude_nodes``, plus the nodes of
+``exclude_ranks``). A job started with ``--spare-nodes N`` has idle nodes (the ``status`` answer's
+``spare_nodes``): each excluded node's ranks then move, all together, onto a spare of their own
+(:func:`onto_spares`), so TP groups stay on one node and the traffic pattern is the one the job had; only
+when no spare is free do they spread over the healthy nodes that hold the fewest ranks (:func:`move_off`;
+the testbed refuses a node with more than ``ranks_per_node`` ranks, so on a job whose nodes are full this
+fallback is refused rather than oversubscribing a node). The outcome's result says which: ``mode``
+(``spares``, ``spares+move_off``, ``move_off``, or ``in_place`` when nothing was excluded), ``moved``
+(``{"node1": "node4"}``), ``spares_used`` and ``excluded``, beside ``placement``, ``previous_placement``
+and ``resumed_iteration``; the pause and the iterations lost are measured after the first new iteration.
+Nodes are named ``node0``, ``node1``, … as in the testbed, spares included. Every request file is named by
 the action id, so :meth:`Adapter.recover` reads the job's answer to an action the remediator was killed
 in the middle of instead of sending it again.
 """
@@ -35,6 +51,11 @@ from remediator.adapters.base import (
 )
 
 
+def _vid(action_id: str, part: str) -> str:
+    """The request id of one part of a validation (the run directory's ids allow letters, digits, - _ .)."""
+    return f"{action_id}-{part}"
+
+
 def node_name(i: int) -> str:
     """The testbed's name of node `i`."""
     return f"node{i}"
@@ -57,6 +78,46 @@ def move_off(placement: list[int], num_nodes: int, bad: set[int]) -> list[int]:
             out[r] = dest
             load[dest] += 1
     return out
+
+
+def onto_spares(placement: list[int], num_nodes: int, ranks_per_node: int | None, bad: set[int],
+                spares: list[int]) -> tuple[list[int], dict[int, int]]:
+    """The placement with each `bad` node's ranks moved, all together, onto a spare node of its own (S4).
+
+    Keeping a node's ranks together keeps its TP group (and whatever else shared the node) on one node, so
+    the job's traffic pattern is the one it had, only without the bad node. Bad nodes are served in index
+    order, each taking the lowest free spare; bad nodes holding no rank need none. A bad node left over when
+    the spares run out keeps its ranks (the returned mapping lacks it): the caller decides what then.
+
+    Args:
+        placement: Node of each rank now.
+        num_nodes: Nodes of the cluster, spares included.
+        ranks_per_node: Ranks a node can hold (None: no limit).
+        bad: Nodes to move off.
+        spares: Candidate spare nodes; those that are bad, hold a rank or are outside the cluster are skipped.
+
+    Returns:
+        The new placement and ``{bad node: spare node}`` for every bad node that was moved.
+
+    Raises:
+        AdapterError: a bad node holds more ranks than a node can (the placement is broken).
+    """
+    used = set(placement)
+    free = sorted({s for s in spares if 0 <= s < num_nodes and s not in bad and s not in used})
+    out = list(placement)
+    moved: dict[int, int] = {}
+    for node in sorted(bad):
+        ranks = [r for r, n in enumerate(placement) if n == node]
+        if not ranks:
+            continue
+        if ranks_per_node is not None and len(ranks) > ranks_per_node:
+            raise AdapterError(f"node {node} holds {len(ranks)} ranks, more than a node can ({ranks_per_node})")
+        if not free:
+            break
+        moved[node] = free.pop(0)
+        for r in ranks:
+            out[r] = moved[node]
+    return out, moved
 
 
 class Adapter:
@@ -88,8 +149,8 @@ class Adapter:
             raise AdapterError(f"testbed refused {action}: {exc}") from None
 
     def capabilities(self) -> frozenset[str]:
-        """Micro-batch splits, placements and restarts."""
-        return frozenset({"rebalance", "topology", "restart"})
+        """Validation, micro-batch splits, placements and restarts."""
+        return frozenset({"validate", "rebalance", "topology", "restart"})
 
     def status(self) -> dict[str, Any]:
         """The testbed's status answer."""
@@ -101,12 +162,15 @@ class Adapter:
         st = self.status()
         return JobInfo(layout=st["layout"], placement=list(st["placement"]),
                        nodes=[node_name(i) for i in range(int(st["num_nodes"]))],
+                       spare_nodes=[node_name(int(i)) for i in st.get("spare_nodes") or []],
                        microbatches=list(st["microbatches"]),
                        extra={"run_dir": str(self.run_dir), "completed": st["completed"], "faults": st["faults"]})
 
     def execute(self, request: ActionRequest) -> ActionOutcome:
         """Carry out one action (the request file is named by the action id)."""
         p = request.params
+        if request.strategy == "validate":
+            return self._validate(request)
         if request.strategy == "rebalance":
             counts = [int(c) for c in p.get("counts") or []]
             frm = self._request("set_microbatches", request.id, counts=counts)
@@ -114,21 +178,43 @@ class Adapter:
                                  {"counts": counts, "from_iteration": frm}, pause_s=0.0, iterations_lost=0)
         if request.strategy in ("restart", "topology"):
             before = self.status()
+            extra: dict[str, Any] = {}
             if request.strategy == "topology":
                 placement = [int(x) for x in p.get("placement") or []]
             else:
-                names = [node_name(i) for i in range(int(before["num_nodes"]))]
-                unknown = [n for n in p.get("exclude_nodes") or [] if n not in names]
-                if unknown:
-                    raise AdapterError(f"nodes {unknown} are not nodes of this job ({names})")
-                bad = {names.index(n) for n in p.get("exclude_nodes") or []}
-                placement = move_off(list(before["placement"]), int(before["num_nodes"]), bad)
+                placement, extra = self._exclude(before, p)
             resumed = self._request("restart", request.id, placement=placement)
-            return self._after_restart(request, before, placement, int(resumed))
+            return self._after_restart(request, before, placement, int(resumed), extra)
         raise AdapterError(f"the testbed adapter cannot {request.strategy}")
 
+    @staticmethod
+    def _exclude(before: dict[str, Any], p: Mapping[str, Any]) -> tuple[list[int], dict[str, Any]]:
+        """S4's placement: the excluded nodes' ranks onto spares (each node's onto one), else spread out."""
+        num_nodes = int(before["num_nodes"])
+        names = [node_name(i) for i in range(num_nodes)]
+        unknown = [n for n in p.get("exclude_nodes") or [] if n not in names]
+        if unknown:
+            raise AdapterError(f"nodes {unknown} are not nodes of this job ({names})")
+        current = [int(n) for n in before["placement"]]
+        bad = {names.index(n) for n in p.get("exclude_nodes") or []}
+        for r in p.get("exclude_ranks") or []:  # a bad rank's node goes with it (its device is the suspect)
+            if not isinstance(r, int) or not 0 <= r < len(current):
+                raise AdapterError(f"rank {r!r} is not a rank of this job (0..{len(current) - 1})")
+            bad.add(current[r])
+        rpn = (before.get("layout") or {}).get("ranks_per_node")
+        spares = [int(s) for s in before.get("spare_nodes") or []]
+        placement, moved = onto_spares(current, num_nodes, int(rpn) if rpn else None, bad, spares)
+        left = {n for n in bad if n in placement}
+        if left:  # no spare (left) for these: spread their ranks over the healthy nodes with the fewest ranks
+            placement = move_off(placement, num_nodes, bad)
+        # nothing excluded: a restart in place, as before (it still clears what a fresh process clears)
+        how = "in_place" if not bad else "spares" if not left else "spares+move_off" if moved else "move_off"
+        return placement, {"mode": how, "moved": {node_name(b): node_name(s) for b, s in moved.items()},
+                           "spares_used": [node_name(s) for s in moved.values()],
+                           "excluded": [node_name(n) for n in sorted(bad)]}
+
     def _after_restart(self, request: ActionRequest, before: dict[str, Any], placement: list[int],
-                       resumed: int) -> ActionOutcome:
+                       resumed: int, extra: Mapping[str, Any] | None = None) -> ActionOutcome:
         """Wait for the first iteration after the restart and measure the pause it caused."""
         deadline = time.monotonic() + self.progress_timeout_s
         st = self.status()
@@ -137,21 +223,50 @@ class Adapter:
             st = self.status()
         lost = max(0, int(before["completed"]) - resumed)
         pause = None
-        if st["completed"] > resumed and st.get("last_iteration_end_unix") and before.get("last_iteration_end_unix"):
+        if st.get("restart_pause_s") is not None and st.get("resume_iteration") == resumed:
+            # the job's own measure: no rank trained from the last iteration before the restart to the first
+            # after it (the estimate below counts iterations after the restart at the pace before it, which
+            # is wrong exactly when the restart cured a slow pace)
+            pause = float(st["restart_pause_s"])
+        elif st["completed"] > resumed and st.get("last_iteration_end_unix") \
+                and before.get("last_iteration_end_unix"):
             # one iteration of the gap is the iteration itself; the rest is the pause
             typical = float(before.get("recent_iteration_s") or 0.0)
             pause = max(0.0, float(st["last_iteration_end_unix"]) - float(before["last_iteration_end_unix"])
                         - typical * (int(st["completed"]) - int(before["completed"])))
         ok = st["completed"] > resumed
-        detail = (f"restarted at iteration {resumed} with placement {placement}"
+        moved = dict((extra or {}).get("moved") or {})
+        onto = f" ({', '.join(f'{b} -> {s}' for b, s in moved.items())})" if moved else ""
+        detail = (f"restarted at iteration {resumed} with placement {placement}{onto}"
                   + ("" if ok else f"; no iteration within {self.progress_timeout_s:.0f} s after it"))
         return ActionOutcome(ok, detail, {"placement": placement, "resumed_iteration": resumed,
-                                          "previous_placement": before["placement"]},
+                                          "previous_placement": before["placement"], **(extra or {})},
                              pause_s=pause, iterations_lost=lost)
+
+    def _validate(self, request: ActionRequest) -> ActionOutcome:
+        """Validate the suspects: GEMM benchmark for ranks, O(1)-round link test for nodes (module docstring)."""
+        ranks, suspects = _validate_params(request.params)
+        before = self.status()
+        names = [node_name(i) for i in range(int(before["num_nodes"]))]
+        unknown = [n for n in suspects if n not in names]
+        if unknown:
+            raise AdapterError(f"nodes {unknown} are not nodes of this job ({names})")
+        answers: dict[str, Any] = {}
+        if ranks:
+            answers["compute"] = self._request("validate_compute", _vid(request.id, "compute"), ranks=ranks)
+        if suspects:
+            # the communicator: every node holding ranks, one ring (2-3 rounds whatever its size); the links
+            # away from the suspects are the healthy reference
+            ring = sorted({int(n) for n in before["placement"]})
+            answers["links"] = self._request("validate_links", _vid(request.id, "links"), nodes=ring,
+                                             suspects=[names.index(n) for n in suspects])
+        return _validation_outcome(suspects, answers)
 
     def recover(self, request: ActionRequest) -> ActionOutcome | None:
         """The job's answer to the action's request file, waiting for it while the job still works on it."""
         client = self._client()
+        if request.strategy == "validate":
+            return self._recover_validate(request, client)
         # Not answered yet: the launcher may be working on it (it removes the request file when it starts),
         # or the remediator died before writing it; only the answer can tell, so wait for it.
         try:
@@ -167,3 +282,62 @@ class Adapter:
             return ActionOutcome(False, f"testbed refused {request.strategy}: {ans.get('error')}")
         return ActionOutcome(True, f"{request.strategy} done before the remediator restarted: {ans.get('result')}",
                              {"result": ans.get("result")})
+
+    def _recover_validate(self, request: ActionRequest, client: RunDirClient) -> ActionOutcome | None:
+        """A validation's outcome from its parts' answers (``<id>-compute``, ``<id>-links``); None when a part
+        has none (never sent, or the job is gone): a half-known validation confirms nothing."""
+        try:
+            ranks, suspects = _validate_params(request.params)
+        except AdapterError:
+            return None
+        answers: dict[str, Any] = {}
+        for part, wanted in (("compute", ranks), ("links", suspects)):
+            if not wanted:
+                continue
+            rid = _vid(request.id, part)
+            try:  # a validation takes seconds: wait a little for one the job may still be running
+                answers[part] = client.wait(rid, timeout_s=min(self.timeout_s, 60.0))
+            except ControlTimeout:
+                return None
+            except InputError as exc:
+                return ActionOutcome(False, f"testbed refused validate ({part}): {exc}")
+        return _validation_outcome(suspects, answers)
+
+
+def _validate_params(p: Mapping[str, Any]) -> tuple[list[int], list[str]]:
+    """Suspect ranks and node names of a validate action.
+
+    Raises:
+        AdapterError: ranks that are not integers, or nothing to validate.
+    """
+    ranks = list(p.get("ranks") or [])
+    if not all(isinstance(r, int) and not isinstance(r, bool) for r in ranks):
+        raise AdapterError(f"ranks must be integers, got {ranks!r}")
+    suspects = [str(n) for n in p.get("nodes") or []]
+    if not ranks and not suspects:
+        raise AdapterError("nothing to validate: no suspect rank or node")
+    return ranks, suspects
+
+
+def _validation_outcome(suspects: list[str], answers: Mapping[str, Any]) -> ActionOutcome:
+    """The validate outcome (the base contract's ``confirmed``, ``ranks``, ``nodes``) from the job's answers."""
+    result: dict[str, Any] = {"confirmed": False, "ranks": [], "nodes": [], "cleared_ranks": [], "cleared_nodes": []}
+    pause = 0.0
+    comp = answers.get("compute")
+    if comp is not None:
+        result["ranks"], result["cleared_ranks"] = list(comp["confirmed"]), list(comp["cleared"])
+        result["compute"] = {k: comp.get(k) for k in ("verdict", "ranks", "peers", "pause_s", "at_iteration")}
+        pause += float(comp.get("pause_s") or 0.0)
+    links = answers.get("links")
+    if links is not None:
+        named = {node_name(int(n)) for n in links["nodes"]}
+        result["nodes"] = [n for n in suspects if n in named]
+        result["cleared_nodes"] = [n for n in suspects if n not in named]
+        result["links"] = {k: links.get(k) for k in ("verdict", "links", "rounds", "slow_links", "pause_s",
+                                                      "at_iteration")}
+        pause += float(links.get("pause_s") or 0.0)
+    result["confirmed"] = bool(result["ranks"] or result["nodes"])
+    detail = (f"validation {'confirmed' if result['confirmed'] else 'cleared'} the suspects: slow ranks "
+              f"{result['ranks']}, nodes {result['nodes']}; cleared ranks {result['cleared_ranks']}, "
+              f"nodes {result['cleared_nodes']}; pause {pause:.2f} s")
+    return ActionOutcome(True, detail, result, pause_s=pause, iterations_lost=0)

@@ -28,6 +28,10 @@ def _run(cmd: list[str], *args: str) -> subprocess.CompletedProcess[str]:
     (["--pp", "8"], "fewer than 8 pipeline stages"),
     (["--tp", "3"], "divisible by tp"),
     (["--micro-batches", "0"], "micro-batches must be >= 1"),
+    (["--spare-nodes", "-1"], "spare nodes must be in 0..64"),
+    (["--spare-nodes", "1", "--inject", "link:node=5,rate=20mbit"], "node=5 is out of range: the job has 5 nodes"),
+    (["--spare-nodes", "1", "--placement", "0,1,2,5"], "placement nodes must be in 0..4"),
+    (["--placement", "0,0,1,2"], "more than 1 ranks (ranks per node) on node(s) [0]"),
 ])
 def test_bad_job_exits_2(capsys: pytest.CaptureFixture[str], tmp_path: Path, extra: list[str],
                          words: str) -> None:
@@ -76,3 +80,15 @@ def test_help_lists_subcommands(failslow_cmd: list[str]) -> None:
 def test_control_refuses_a_directory_without_a_job(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     rc = failslow_main(["testbed", "control", "--run-dir", str(tmp_path), "status"])
     assert rc == 2 and "not a running testbed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, words", [
+    (["validate-compute"], "validate-compute needs a value"),
+    (["validate-compute", "1,x"], "comma-separated integers"),
+    (["validate-links", "0,1", "--suspects", "a"], "comma-separated integers"),
+])
+def test_control_validate_bad_input(capsys: pytest.CaptureFixture[str], tmp_path: Path, args: list[str],
+                                    words: str) -> None:
+    (tmp_path / "requests").mkdir()
+    rc = failslow_main(["testbed", "control", "--run-dir", str(tmp_path), *args])
+    assert rc == 2 and words in capsys.readouterr().err
