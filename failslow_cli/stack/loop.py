@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,21 +200,24 @@ def _poll_remediator(rem: Remediator, state: LoopState, stop: threading.Event, e
             state.events, state.actions, state.remediator_up = evs, acts, True
 
 
-def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_FAULT, warmup_s: float = 40.0,
+def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] = DEFAULT_FAULT,
+             warmup_s: float = 40.0,
              fault_s: float = 150.0, max_s: float = 600.0, mode: str = "auto", micro_batches: int = 4,
              device_speed: float | None = 0.4, poll_s: float = 5.0, policy: dict[str, Any] | None = None,
              costs: dict[str, Any] | None = None, iterations: int = 100_000,
              stop_when: Callable[[LoopState], bool] | None = None,
              on_tick: Callable[[LoopState], None] | None = None,
              say: Callable[[str], None] | None = None) -> LoopResult:
-    """Start everything, inject `fault` after `warmup_s` of training for `fault_s`, run until `stop_when(state)`
+    """Start everything, inject `fault` (one spec or several) after `warmup_s` of training for `fault_s`, run until
+    `stop_when(state)`
     (checked every second; default: the remediator closed the job's event after the fault ended) or `max_s`.
 
     `on_tick(state)` is called every second (the demo's live view).
     """
     job = f"loop{os.getpid()}"
     token = secrets.token_hex(16)
-    spec = f"{fault},at={warmup_s:g},for={fault_s:g}"
+    specs = [f"{f},at={warmup_s:g},for={fault_s:g}" for f in ([fault] if isinstance(fault, str) else fault)]
+    spec = " + ".join(specs)
     state = LoopState(job=job, world=dp * pp)
     ports = {k: free_port() for k in ("redis", "prom", "am", "exporter", "detector", "remediator")}
     rings, run_dir = tmp / "rings", tmp / "run"
@@ -261,7 +264,8 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_FAULT,
 
         argv = [*cli, "testbed", "run", "--dp", str(dp), "--pp", str(pp), "--iterations", str(iterations),
                 "--micro-batches", str(micro_batches), "--torch-hook", "--ring-dir", str(rings), "--job", job,
-                "--run-dir", str(run_dir), "--inject", spec, "--report", str(tmp / "report.json"), "--progress"]
+                "--run-dir", str(run_dir), *(x for sp in specs for x in ("--inject", sp)),
+                "--report", str(tmp / "report.json"), "--progress"]
         if device_speed is not None:
             argv += ["--device-speed", f"{device_speed:g}"]
         tb = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,

@@ -1,0 +1,111 @@
+"""Mitigation on the testbed, with the remediator deciding: FALCON's Fig. 13 and Fig. 14 for S2.
+
+Every row is one real closed loop (failslow_cli/stack/loop.py): a testbed job (gloo, one network namespace
+per node, every rank a device of speed 0.4 of a CPU), the exporter, Prometheus with the shipped rules, the
+detector, Alertmanager and the remediator in auto mode with the testbed adapter. After 40 s of healthy
+training CPU quota faults slow one or more ranks; the detector opens an event, the remediator plans (pace
+model, exact S2 solver, ski-rental gate) and acts. Each row ends 50 s after the first action finished.
+
+* Fig. 13 — one slow rank (so one slow DP replica), weak / medium / severe: quota 0.3 / 0.2 / 0.12 CPU on
+  a device of 0.4 (1.3x / 2x / 3.3x slower compute), on DP2xPP2 and DP4xPP1 (4 ranks each: the most this
+  2-core machine runs without the ranks starving each other).
+* Fig. 14 — DP4xPP1 with 1, 2, 3 and all 4 DP replicas slowed (medium). With all slowed there is nothing
+  to move: the remediator must not act.
+
+Columns: iteration time healthy (before the fault), with the fault (until the first action) and mitigated
+(from 25 s after the action until the row ends), all medians of the trainer's own per-iteration times;
+slowdown reduced = (slow - mitigated) / (slow - healthy); fault -> action = from the fault to the adapter
+call (detection, alerting, decision); decision = the delivery that opened the event to the adapter call;
+the action's measured cost; the pace model's prediction made before the action beside the measured time.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from typing import Any
+
+TITLE = "Mitigation on the testbed: S2 with the remediator deciding (FALCON Fig. 13, Fig. 14)"
+DEVICE = 0.4
+SEVERITY = {"weak": 0.3, "medium": 0.2, "severe": 0.12}
+SETTLE_S = 25.0  # after the action, before the mitigated pace is measured
+AFTER_S = 50.0  # the row ends this long after the first action finished
+QUIET_S = 200.0  # a row without any action ends this long after the fault
+
+
+def _stop(s: Any) -> bool:
+    acts = [a for a in s.actions if a.get("job") == s.job and not a.get("dry_run") and a.get("ended_at")]
+    if acts:
+        return time.time() > min(float(a["ended_at"]) for a in acts) + AFTER_S
+    return s.fault_start is not None and time.time() > s.fault_start + QUIET_S
+
+
+def _row(dp: int, pp: int, faults: list[str]) -> dict[str, Any]:
+    from failslow_cli.stack.loop import run_loop
+
+    with TemporaryDirectory(prefix="bench-mitigate-") as d:
+        res = run_loop(Path(d), dp=dp, pp=pp, fault=faults, device_speed=DEVICE, fault_s=600.0, max_s=480.0,
+                       stop_when=_stop)
+    s = res.state
+    acts = sorted((a for a in s.actions if a["job"] == s.job and not a.get("dry_run")),
+                  key=lambda a: a["created_at"])
+    first = next((a for a in acts if a.get("started_at")), None)
+    end = time.time() if s.fault_end is None else s.fault_end
+    out: dict[str, Any] = {"dp": dp, "pp": pp, "faults": faults, "actions": acts, "first": first,
+                           "healthy": s.pace(s.t0 + 15.0, s.fault_start or end),
+                           "alert": (res.times() or {}).get("alert")}
+    if first is not None and s.fault_start is not None:
+        out["slow"] = s.pace(s.fault_start + 20.0, float(first["started_at"]))
+        out["mitigated"] = s.pace(float(first.get("ended_at") or first["started_at"]) + SETTLE_S, end + 1e9)
+        out["fault_to_action"] = float(first["started_at"]) - s.fault_start
+    elif s.fault_start is not None:
+        out["slow"] = s.pace(s.fault_start + 20.0, end + 1e9)
+    return out
+
+
+def _fmt(x: Any, d: int = 3, unit: str = " s") -> str:
+    return "–" if x is None else f"{float(x):.{d}f}{unit}"
+
+
+def _line(name: str, r: dict[str, Any]) -> str:
+    first = r.get("first") or {}
+    h, s, m = r.get("healthy"), r.get("slow"), r.get("mitigated")
+    red = f"{(s - m) / (s - h):.0%}" if h and s and m and s > h else "–"
+    pred = (first.get("predicted") or {}).get("pace_s")
+    err = f"{(float(pred) - m) / m:+.1%}" if pred and m else "–"
+    meas = first.get("measured") or {}
+    strat = ", ".join(f"{a['strategy']} {a.get('params', {}).get('counts', '')}".strip() for a in r["actions"]) \
+        or "none"
+    return (f"| {name} | {_fmt(h)} | {_fmt(s)} | {_fmt(m)} | {red} | {strat} | {_fmt(r.get('fault_to_action'), 1)} | "
+            f"{_fmt(first.get('decision_latency_s'))} | {_fmt(meas.get('duration_s'))} | {_fmt(pred)} / {err} |")
+
+
+HEADER = ["| case | healthy | fail-slow | mitigated | slowdown reduced | actions | fault → action | decision | "
+          "action cost | predicted / error |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
+
+
+def run() -> str:
+    """Measure; return the Markdown section."""
+    fig13: list[tuple[str, dict[str, Any]]] = []
+    for dp, pp in ((2, 2), (4, 1)):
+        for sev, quota in SEVERITY.items():
+            fig13.append((f"DP{dp}xPP{pp}, {sev} (quota {quota:g})", _row(dp, pp, [f"cpu:rank=1,quota={quota:g}"])))
+    fig14: list[tuple[str, dict[str, Any]]] = []
+    for k in (2, 3, 4):  # k = 1 is the medium DP4 row of Fig. 13
+        fig14.append((f"DP4xPP1, {k} of 4 replicas slowed",
+                      _row(4, 1, [f"cpu:rank={r},quota={SEVERITY['medium']:g}" for r in range(k)])))
+    lines = ["Command: `.venv/bin/python -m bench mitigate` (one run per row, rows one after another).", "",
+             "**Fig. 13 — one slow DP replica, three severities**", "", *HEADER,
+             *(_line(n, r) for n, r in fig13), "",
+             "**Fig. 14 — DP4xPP1, several replicas slowed (medium)**", "", *HEADER,
+             _line("DP4xPP1, 1 of 4 replicas slowed", fig13[4][1]), *(_line(n, r) for n, r in fig14), "",
+             "Healthy / fail-slow / mitigated are the trainer's own iteration times (medians); the action cost is "
+             "the adapter call's duration (a split applies at an iteration boundary: no pause); the prediction is "
+             "the pace model's, made before the action. FALCON reports 55.3-82.9% for S2 on one slow replica."]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(run())
