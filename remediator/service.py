@@ -85,14 +85,26 @@ def _suspects(doc: list[dict[str, Any]]) -> tuple[Suspect, ...]:
 
 
 def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: PaceModel | None,
-              pace: float | None) -> tuple[TopologyOption, ...]:
+              pace: float | None, validated: dict[str, Any] | None = None) -> tuple[TopologyOption, ...]:
     """S3 placements for the planner: the suspects' slowness scored by the topology planner (empty when the
-    job's shape is unknown, nothing is suspected, or the plan refused)."""
-    if not suspects or not info.layout or not info.placement:
+    job's shape is unknown, nothing is suspected, or the plan refused).
+
+    Once a validation measured the links (`validated`: the nodes it convicted and the slow paths between
+    nodes it did not), those replace the detector's link suspects: a path is moved, not a whole NIC guessed.
+    """
+    if validated is not None:
+        suspects = (*(s for s in suspects if s.kind != "link"),
+                    *(Suspect("link", None, str(n)) for n in validated.get("nodes") or []))
+    paths = [p for p in (validated or {}).get("paths") or [] if len(p) == 3]
+    if not (suspects or paths) or not info.layout or not info.placement:
         return ()
     try:
         layout = Layout.from_mapping(info.layout)
         slow_ranks, slow_links = suspect_slowness(layout, suspects, info.nodes, model)
+        for a, b, share in paths:
+            if a in info.nodes and b in info.nodes and a != b:
+                key = (info.nodes.index(a), info.nodes.index(b))
+                slow_links[key] = min(float(share), slow_links.get(key, 1.0))
         if not slow_ranks and not slow_links:
             return ()
         params = PlacementParams(microbatches=tuple(info.microbatches)) if info.microbatches else None
@@ -372,7 +384,8 @@ class Remediator:
         )
         if adapter is not None and info is not None and "topology" in view.capabilities:
             found = _suspects(ev.get("suspects") or []) if suspects is None else suspects
-            view = replace(view, topology=await asyncio.to_thread(_topology, job, info, found, model, pace))
+            view = replace(view, topology=await asyncio.to_thread(_topology, job, info, found, model, pace,
+                                                                  ev.get("validated_links")))
         return view, upd, await self._costs(adapter), actions, adapter
 
     async def _healthy_overhead(self, job: str, onset: float, healthy: float,
@@ -579,7 +592,10 @@ class Remediator:
                 await self._remember_split(action)
             if strategy == "validate":
                 confirmed = bool(outcome.ok and outcome.result.get("confirmed", False))
-                await self.store.mutate_event(action["event_id"], lambda d: {**d, "validated": confirmed})
+                found = {"nodes": list(outcome.result.get("nodes") or []),
+                         "paths": list(outcome.result.get("paths") or [])} if confirmed else None
+                await self.store.mutate_event(action["event_id"],
+                                              lambda d: {**d, "validated": confirmed, "validated_links": found})
 
     async def _remember_split(self, action: dict[str, Any]) -> None:
         params = action.get("params") or {}

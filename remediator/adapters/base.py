@@ -9,7 +9,8 @@ thresholds for later events.
 Strategies and their parameters (``ActionRequest.params``):
 
 * ``validate`` — ``{"ranks": [int], "nodes": [str]}``: confirm suspects with a short benchmark; the outcome's
-  ``result`` says ``{"confirmed": bool, "ranks": [confirmed ranks], "nodes": [confirmed nodes]}``;
+  ``result`` says ``{"confirmed": bool, "ranks": [confirmed ranks], "nodes": [confirmed nodes]}`` and may add
+  ``"paths": [[node a, node b, bandwidth share left]]`` (slow paths between nodes it did not convict);
 * ``rebalance`` — ``{"counts": [int]}``: micro-batches per DP replica from the next iteration boundary,
   the total unchanged;
 * ``topology`` — ``{"placement": [int]}``: restart with a new rank-to-node placement (node of each rank);

@@ -12,8 +12,9 @@ healthy peer each, ``nodes`` have their links measured — the job's nodes form 
 rounds of disjoint point-to-point pairs, the links away from the suspects being the reference; both at an
 iteration boundary, by the training processes themselves. The outcome's result follows the contract of
 :mod:`remediator.adapters.base`: ``confirmed`` (any suspect confirmed), ``ranks`` and ``nodes`` (the confirmed
-suspects), plus ``cleared_ranks``, ``cleared_nodes`` and the job's verdicts and numbers under ``compute`` and
-``links``; ``pause_s`` is the measured extra iteration time the tests cost, ``iterations_lost`` 0. Thresholds:
+suspects), ``paths`` (slow links no named node explains: ``[node a, node b, bandwidth share]``, a congested
+path the S3 planner can move), plus ``cleared_ranks``, ``cleared_nodes`` and the job's verdicts and numbers under
+``compute`` and ``links``; ``pause_s`` is the measured extra iteration time the tests cost, ``iterations_lost`` 0. Thresholds:
 :mod:`failslow.plan.validate`), ``rebalance`` (the split applies at a near-future iteration boundary, the global batch and so
 the gradient unchanged: no pause), ``topology`` (checkpoint, stop, restart with the given rank-to-node
 placement) and ``restart`` (S4: the same, without the excluded nodes — ``exclude_nodes``, plus the nodes of
@@ -319,6 +320,18 @@ def _validate_params(p: Mapping[str, Any]) -> tuple[list[int], list[str]]:
     return ranks, suspects
 
 
+def _slow_paths(links: Mapping[str, Any]) -> list[list[Any]]:
+    """Slow links that no named node explains: ``[node a, node b, bandwidth share left]`` (a congested path
+    between two healthy NICs, which the S3 planner can move out of the heavy traffic)."""
+    named = {int(n) for n in links.get("nodes") or []}
+    out: list[list[Any]] = []
+    for e in (links.get("verdict") or {}).get("links") or []:
+        if e.get("slow") and int(e["a"]) not in named and int(e["b"]) not in named:
+            share = float(e.get("bandwidth_ratio") or 1.0)
+            out.append([node_name(int(e["a"])), node_name(int(e["b"])), round(min(1.0, max(share, 1e-3)), 4)])
+    return out
+
+
 def _validation_outcome(suspects: list[str], answers: Mapping[str, Any]) -> ActionOutcome:
     """The validate outcome (the base contract's ``confirmed``, ``ranks``, ``nodes``) from the job's answers."""
     result: dict[str, Any] = {"confirmed": False, "ranks": [], "nodes": [], "cleared_ranks": [], "cleared_nodes": []}
@@ -335,9 +348,11 @@ def _validation_outcome(suspects: list[str], answers: Mapping[str, Any]) -> Acti
         result["cleared_nodes"] = [n for n in suspects if n not in named]
         result["links"] = {k: links.get(k) for k in ("verdict", "links", "rounds", "slow_links", "pause_s",
                                                       "at_iteration")}
+        result["paths"] = _slow_paths(links)
         pause += float(links.get("pause_s") or 0.0)
-    result["confirmed"] = bool(result["ranks"] or result["nodes"])
+    result["confirmed"] = bool(result["ranks"] or result["nodes"] or result.get("paths"))
     detail = (f"validation {'confirmed' if result['confirmed'] else 'cleared'} the suspects: slow ranks "
-              f"{result['ranks']}, nodes {result['nodes']}; cleared ranks {result['cleared_ranks']}, "
+              f"{result['ranks']}, nodes {result['nodes']}, paths {result.get('paths', [])}; cleared ranks "
+              f"{result['cleared_ranks']}, "
               f"nodes {result['cleared_nodes']}; pause {pause:.2f} s")
     return ActionOutcome(True, detail, result, pause_s=pause, iterations_lost=0)

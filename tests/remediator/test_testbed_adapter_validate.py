@@ -60,3 +60,16 @@ def test_validate_needs_suspects(run: Path) -> None:
     for params in ({}, {"ranks": ["x"]}):
         with pytest.raises(AdapterError):
             ad.execute(ActionRequest("a5", "tb", "validate", params))
+
+
+def test_slow_links_no_named_node_explains_are_paths() -> None:
+    from remediator.adapters.testbed import _slow_paths
+
+    ev = [{"a": 0, "b": 1, "slow": True, "bandwidth_ratio": 0.002},
+          {"a": 1, "b": 2, "slow": False, "bandwidth_ratio": 0.97},
+          {"a": 2, "b": 3, "slow": True, "bandwidth_ratio": 0.1},
+          {"a": 3, "b": 0, "slow": True, "bandwidth_ratio": 0.1}]
+    # node 3 is convicted (both its links slow): its links are its NIC, not paths; 0-1 is a path
+    assert _slow_paths({"nodes": [3], "verdict": {"links": ev}}) == [["node0", "node1", 0.002]]
+    assert _slow_paths({"nodes": [], "verdict": {"links": ev[:2]}}) == [["node0", "node1", 0.002]]
+    assert _slow_paths({"nodes": [], "verdict": {}}) == []

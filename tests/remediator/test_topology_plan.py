@@ -19,3 +19,21 @@ def test_link_suspect_on_a_shaped_job_yields_options_and_bad_shapes_yield_none()
     assert _topology("j", info, (), None, 3.0) == ()
     bad = JobInfo(layout={"dp": 2, "pp": 2}, placement=[0, 1, 2], nodes=["a"], microbatches=[4, 4])
     assert _topology("j", bad, (Suspect("compute", 0),), None, 3.0) == ()  # InputError: logged, no options
+
+
+def test_validated_paths_replace_the_nic_guess_and_move_the_path() -> None:
+    # DP2xPP2, one rank per node; ranks 0 and 1 are stage 0's DP peers, their path carries a gradient ring
+    info = JobInfo(layout={"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 1}, placement=[0, 1, 2, 3],
+                   nodes=["node0", "node1", "node2", "node3"], microbatches=[4, 4])
+    link = (Suspect("link", None, "node1"),)
+    # the detector's NIC suspect: node 1's NIC carries its replica's all-reduce wherever it goes
+    assert _topology("j", info, link, None, 2.0) == ()
+    # validation cleared node 1's NIC and found the path 0-1 at 5%: moving it out of the DP rings pays
+    opts = _topology("j", info, link, None, 2.0, {"nodes": [], "paths": [["node0", "node1", 0.05]]})
+    assert opts and opts[0].predicted_s < 0.8 * 2.0
+    chosen = opts[0].placement
+    stage0 = {chosen[0], chosen[1]}  # the nodes now holding stage 0's DP peers
+    stage1 = {chosen[2], chosen[3]}
+    assert {0, 1} not in (stage0, stage1), chosen  # nodes 0 and 1 no longer share a DP ring
+    # a validation that convicted the NIC itself keeps the NIC suspect (and still refuses)
+    assert _topology("j", info, link, None, 2.0, {"nodes": ["node1"], "paths": []}) == ()
