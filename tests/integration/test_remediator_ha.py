@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import requests
 
 from failslow_cli.stack.processes import (
     alertmanager,
@@ -26,7 +25,13 @@ from failslow_cli.stack.processes import (
     start_remediator,
     stop_process,
 )
-from tests.integration.remediator_stack import JobSeries, fake_cluster_prometheus, wait_for_series
+from tests.integration.remediator_stack import (
+    JobSeries,
+    fake_cluster_prometheus,
+    get_json,
+    wait_for,
+    wait_for_series,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -35,17 +40,11 @@ JOB = "llm-ha"
 
 
 def _get(url: str, path: str) -> Any:
-    return requests.get(url + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
+    return get_json(url, path, TOKEN)
 
 
 def _wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.5)
-    raise AssertionError(f"{what} not reached within {timeout} s")
+    return wait_for(pred, timeout, what, every=0.5)
 
 
 def test_an_ha_pair_delivering_twice_to_two_replicas_acts_once(tmp_path: Path) -> None:

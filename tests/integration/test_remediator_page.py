@@ -23,7 +23,13 @@ from PIL import Image
 from failslow_cli.stack.processes import Remediator, free_port, redis_server, start_remediator, stop_process
 from remediator.app import COOKIE
 from tests.integration.cdp_browser import Chromium, Page, group_alive, read_page
-from tests.integration.remediator_stack import JobSeries, body, fake_cluster_prometheus, wait_for_series
+from tests.integration.remediator_stack import (
+    JobSeries,
+    body,
+    fake_cluster_prometheus,
+    wait_for,
+    wait_for_series,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -41,13 +47,7 @@ REJECT = (0xC6, 0x28, 0x28)  # .reject button
 
 
 def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout} s")
+    return wait_for(pred, timeout, what, every=0.1)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:

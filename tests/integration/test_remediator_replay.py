@@ -24,7 +24,9 @@ from failslow_cli.stack.processes import free_port, redis_server, start_remediat
 from tests.integration.remediator_stack import (
     JobSeries,
     fake_cluster_prometheus,
+    get_json,
     notification,
+    wait_for,
     wait_for_series,
 )
 
@@ -73,17 +75,11 @@ def _executed(record: Path) -> list[dict[str, Any]]:
 
 
 def _get(url: str, path: str) -> Any:
-    return requests.get(url + path, headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10).json()
+    return get_json(url, path, TOKEN)
 
 
 def _wait(pred: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.3)
-    raise AssertionError(f"{what} not reached within {timeout} s")
+    return wait_for(pred, timeout, what, every=0.3)
 
 
 def test_replayed_deliveries_kill_and_redis_restart(tmp_path: Path) -> None:

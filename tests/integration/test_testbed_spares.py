@@ -48,14 +48,20 @@ def _pids_in(netns: str) -> list[str]:
     return out.split()
 
 
-def test_restart_moves_the_bad_nodes_ranks_onto_the_spare(failslow_cmd: list[str], tmp_path: Path) -> None:
+def _start_job(failslow_cmd: list[str], tmp_path: Path, job: str,
+               fault: str) -> tuple[subprocess.Popen[str], Path, Path]:
+    """A DP2xPP1 testbed job with one spare node and `fault`; (process, run directory, report path)."""
     run_dir, report = tmp_path / "run", tmp_path / "report.json"
     cmd = [*failslow_cmd, "testbed", "run", "--dp", "2", "--pp", "1", "--spare-nodes", "1",
            "--iterations", str(ITERATIONS), "--layers", "2", "--d-model", "64", "--micro-batches", "2",
-           "--inject", f"link:node=1,rate=10mbit,start_iter={THROTTLE_AT}",
-           "--run-dir", str(run_dir), "--report", str(report), "--job", "spares"]
+           "--inject", fault, "--run-dir", str(run_dir), "--report", str(report), "--job", job]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True), run_dir, report
+
+
+def test_restart_moves_the_bad_nodes_ranks_onto_the_spare(failslow_cmd: list[str], tmp_path: Path) -> None:
     t0 = time.monotonic()
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job, run_dir, report = _start_job(failslow_cmd, tmp_path, "spares",
+                                      f"link:node=1,rate=10mbit,start_iter={THROTTLE_AT}")
     try:
         meta = _wait("the run directory", lambda: (run_dir / "testbed.json").exists()
                      and json.loads((run_dir / "testbed.json").read_text()), proc=job)
@@ -119,12 +125,8 @@ def test_restart_moves_the_bad_nodes_ranks_onto_the_spare(failslow_cmd: list[str
 
 def test_a_cpu_fault_stays_on_its_device_across_restarts(failslow_cmd: list[str], tmp_path: Path) -> None:
     """A CPU fault stands for a slow device: a swap puts the other rank on it, S4 leaves it unused."""
-    run_dir, report = tmp_path / "run", tmp_path / "report.json"
-    cmd = [*failslow_cmd, "testbed", "run", "--dp", "2", "--pp", "1", "--spare-nodes", "1",
-           "--iterations", str(ITERATIONS), "--layers", "2", "--d-model", "64", "--micro-batches", "2",
-           "--inject", f"cpu:rank=1,quota=0.03,start_iter={THROTTLE_AT}",
-           "--run-dir", str(run_dir), "--report", str(report), "--job", "spares-cpu"]
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job, run_dir, report = _start_job(failslow_cmd, tmp_path, "spares-cpu",
+                                      f"cpu:rank=1,quota=0.03,start_iter={THROTTLE_AT}")
     try:
         _wait("the run directory", lambda: (run_dir / "testbed.json").exists(), proc=job)
         adapter = Adapter("spares-cpu", {}, {"run_dir": str(run_dir), "timeout_s": 120.0})
