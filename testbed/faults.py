@@ -20,9 +20,9 @@ poisson    mean_gap, mean_dur, kinds,            a random schedule: exponential 
            [quota, rate, seed]                   each episode a cpu (random rank) or link (random node)
 =========  ====================================  =======================================================
 
-Every kind also takes a schedule: ``at=SECONDS`` / ``for=SECONDS`` (from job start) or
-``start_iter=N`` / ``stop_iter=N`` (by the slowest rank's completed iterations). Without a schedule
-the fault is active for the whole run.
+Every kind also takes a schedule: ``at=SECONDS`` / ``for=SECONDS`` (wall clock from the job's first
+training start: a restart neither resets nor pauses it) or ``start_iter=N`` / ``stop_iter=N`` (by the
+slowest rank's completed iterations). Without a schedule the fault is active for the whole run.
 
 A link fault and a path fault both own the root qdisc of a node's ``eth0``, so a node takes at most one
 of them at a time (two paths sharing a node included): binding refuses one whose schedule may overlap

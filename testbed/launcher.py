@@ -278,12 +278,14 @@ class Testbed:
         self.records: dict[int, list[dict[str, Any]]] = {r: [] for r in range(self.world_size)}
         self._offsets: dict[int, int] = {}
         self._ready: dict[int, float] = {}
+        self._param_bytes: dict[int, int] = {}  # each rank's parameter bytes (its gradient's size)
         self._done: set[int] = set()
         self._snapshots: list[dict[str, Any]] = []
         self._segment = 0
         self._cpu_slots: dict[int, tuple[int, int]] = {}  # CPU faults whose device holds no rank now
         self._segments: list[dict[str, Any]] = []
-        self.training_start: float | None = None
+        self.training_start: float | None = None  # of the current segment
+        self._first_start: float | None = None  # of the job: timed fault schedules count from it
         self.start_unix = time.time()
         self._closed = False
         self.job_cgroup: CpuCgroup | None = None
@@ -461,7 +463,7 @@ class Testbed:
             env = {**os.environ, "MASTER_ADDR": master, "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": ifname,
                    "RANK": str(rank), "WORLD_SIZE": str(self.world_size), "OMP_NUM_THREADS": "1",
                    "MKL_NUM_THREADS": "1", "FAILSLOW_JOB": cfg.job, ENV_PREFIX: self.prefix,
-                   "PYTHONUNBUFFERED": "1"}
+                   "FAILSLOW_NODE_ID": str(self.placement[rank]), "PYTHONUNBUFFERED": "1"}
             if cfg.ring_dir:
                 env["FAILSLOW_SHM_DIR"] = cfg.ring_dir
             req = {"rank": rank, "netns": self.net.nodes[self.placement[rank]].netns if self.net else None,
@@ -538,6 +540,8 @@ class Testbed:
                 rec = json.loads(line)
                 if rec.get("ready"):
                     self._ready[rank] = rec["t"]
+                    if rec.get("param_bytes") is not None:
+                        self._param_bytes[rank] = int(rec["param_bytes"])
                 elif rec.get("done"):
                     self._done.add(rank)
                 else:
@@ -546,6 +550,8 @@ class Testbed:
                     new.append(rec)
         if self.training_start is None and len(self._ready) == self.world_size:
             self.training_start = time.monotonic()
+            if self._first_start is None:
+                self._first_start = self.training_start
         for rec in new:
             if self.on_iteration is not None:
                 self.on_iteration(rec)
@@ -558,9 +564,10 @@ class Testbed:
         return new
 
     def _run_schedules(self) -> None:
-        if self.training_start is None:
+        # a schedule in seconds is the cluster's clock: a restart of the job neither resets nor pauses it
+        if self.training_start is None or self._first_start is None:
             return
-        elapsed = time.monotonic() - self.training_start
+        elapsed = time.monotonic() - self._first_start
         done = self.completed()
         for f in self.faults:
             if not f.schedule.timed:
@@ -648,7 +655,22 @@ class Testbed:
                 "last_iteration_end_unix": min(ends) if len(ends) == self.world_size else None,
                 "recent_iteration_s": recent[len(recent) // 2] if recent else None,
                 "iterations": self.config.iterations, "spare_nodes": self.spare_nodes(),
-                "resume_iteration": self._start_iter, "restart_pause_s": self._restart_pause()}
+                "resume_iteration": self._start_iter, "restart_pause_s": self._restart_pause(),
+                "traffic": self.traffic()}
+
+    def traffic(self) -> dict[str, Any] | None:
+        """Bytes the job moves, for a placement model (:class:`failslow.plan.placement.PlacementParams`):
+        ``grad_bytes`` per stage (the gradient all-reduced across DP replicas each iteration, all TP shards
+        of the stage together, as the ranks reported their parameters) and ``p2p_bytes`` per micro-batch
+        across a pipeline hop (activations forward and their gradients backward, float32); None until
+        every rank reported."""
+        if len(self._param_bytes) < self.world_size:
+            return None
+        lay = self.layout
+        grad = [sum(self._param_bytes[r] for r in range(lay.world_size)
+                    if lay.coords(r).pp == s and lay.coords(r).dp == 0) for s in range(lay.pp)]
+        m = self.config.model
+        return {"grad_bytes": grad, "p2p_bytes": 2 * m.micro_batch_size * m.seq_len * m.d_model * 4}
 
     def _restart_pause(self) -> float | None:
         if self._segment == 0:

@@ -379,7 +379,9 @@ class Rank:
     def run(self) -> None:
         self.setup()
         dist.barrier()
-        self.progress.write(json.dumps({"rank": self.rank, "ready": True, "t": time.monotonic()}) + "\n")
+        param_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.progress.write(json.dumps({"rank": self.rank, "ready": True, "t": time.monotonic(),
+                                        "param_bytes": param_bytes}) + "\n")
         mono_to_unix = time.time() - time.monotonic()
         prev = time.monotonic()
         end_iter = self.cfg["iterations"]
