@@ -410,6 +410,11 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
     in_flight = [a for a in event.actions if a.state in IN_FLIGHT and not a.dry_run]
     if in_flight:
         return Decision("ignore", f"{in_flight[-1].strategy} in flight ({in_flight[-1].state})", wait=True)
+    if event.validated is None and any(a.strategy == "validate" and a.state == "succeeded" and not a.dry_run
+                                       for a in event.actions):
+        # the event was read before the validation's verdict landed on it (the service writes the verdict
+        # first, then ends the action): plan again with the verdict rather than validate twice
+        return Decision("ignore", "validation ended; its verdict is not on the event read yet", wait=True)
     if force is None:
         if not event.firing:
             return Decision("ignore", "alert resolved: no new action", wait=True)

@@ -74,7 +74,8 @@ def test_rules_that_make_the_planner_wait(actions, firing, why) -> None:
 def test_dry_run_plans_and_validation_do_not_block_or_cool_down() -> None:
     # a dry-run plan is not in flight, and after validation there is nothing to wait for
     d = decide(event(actions=(PastAction("topology", "planned", dry_run=True),
-                              PastAction("validate", "succeeded", ended_at=999.0))), job(), COSTS, Policy())
+                              PastAction("validate", "succeeded", ended_at=999.0)), validated=True), job(), COSTS,
+               Policy())
     assert d.strategy == "rebalance"
 
 
@@ -179,6 +180,14 @@ def test_validation_before_an_expensive_strategy() -> None:
     assert cleared.strategy == "ignore" and any("cleared" in c.why for c in cleared.considered)
     # an adapter that cannot validate: straight to the strategy
     assert decide(ev, job(capabilities=frozenset({"restart"})), COSTS, Policy()).strategy == "restart"
+    # a validation that ended while the event read carries no verdict yet: wait for it, never validate twice
+    ended = replace(ev, actions=(PastAction("validate", "succeeded", ended_at=50.0),))
+    waiting = decide(ended, job(), COSTS, Policy())
+    assert waiting.strategy == "ignore" and waiting.wait and "verdict" in waiting.reason
+    assert decide(replace(ended, validated=True), job(), COSTS, Policy()).strategy == "restart"
+    # a failed validation leaves no verdict: validating again is the way to get one
+    failed = replace(ev, actions=(PastAction("validate", "failed", ended_at=50.0),))
+    assert decide(failed, job(), COSTS, Policy()).strategy == "validate"
 
 
 def test_rejected_strategy_is_not_planned_again_in_the_event() -> None:
