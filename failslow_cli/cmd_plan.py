@@ -10,7 +10,7 @@ prints the optimal split of the micro-batches over the DP groups as JSON::
 and ``moved`` how many micro-batches change group.
 
 `failslow plan topology --layout dp=2,pp=2,tp=1 [--placement 0,1,2,3] [--slow-rank 3=2.5] [--slow-link 1=0.1]
-[--slow-link 0-1=0.1] [--iteration-s T] [model options]` scores node permutations with the S3 model
+[--slow-link 0-1=0.1] [--iteration-s T | --healthy-s T] [model options]` scores node permutations with the S3 model
 (`failslow.plan.placement`) and prints the current predicted time, every candidate with its predicted iteration
 time and why, and the chosen placement (``null`` with the refusal ``reason`` when no move gains ``--min-gain``).
 Logic lives in `failslow.plan`.
@@ -137,6 +137,9 @@ def _add_topology(p: argparse.ArgumentParser) -> None:
                    help="bandwidth share left on a node's NIC (1=0.1) or on the path between two nodes "
                         "(0-1=0.1); repeatable")
     p.add_argument("--iteration-s", type=float, help="measured iteration time now: calibrates the model on it")
+    p.add_argument("--healthy-s", type=float,
+                   help="measured iteration time before the slowdown: calibrates the model on the current placement "
+                        "with nothing slow (takes precedence over --iteration-s)")
     p.add_argument("--micro-batches", default=str(d.microbatches),
                    help=f"micro-batches per DP replica: one or one per replica (default {d.microbatches})")
     p.add_argument("--compute-s", default=str(d.compute_s),
@@ -202,7 +205,8 @@ def _run_topology(args: argparse.Namespace) -> int:
         p2p_bytes=args.p2p_bytes, grad_bytes=_one_or_many(args.grad_bytes, "--grad-bytes"),
         tp_bytes=args.tp_bytes, link_bw=args.link_bw, intra_bw=args.intra_bw, overhead_s=args.overhead_s)
     plan = plan_topology(layout, placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
-                         iteration_s=args.iteration_s, min_gain=args.min_gain, max_candidates=args.max_candidates)
+                         iteration_s=args.iteration_s, healthy_s=args.healthy_s, min_gain=args.min_gain,
+                         max_candidates=args.max_candidates)
     doc = {"layout": layout.to_dict(), "placement": list(placement) if placement is not None
            else [int(x) for x in layout.nodes_array()], **plan.to_json()}
     print(json.dumps(doc, indent=2))

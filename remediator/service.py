@@ -27,7 +27,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -84,13 +84,29 @@ def _suspects(doc: list[dict[str, Any]]) -> tuple[Suspect, ...]:
     return tuple(Suspect(s.get("kind", ""), s.get("rank"), s.get("node", "")) for s in doc)
 
 
+def _named(suspects: tuple[Suspect, ...], nodes: Sequence[str]) -> tuple[Suspect, ...]:
+    """Suspects with their node as the adapter names it: an exporter labels a node by its index in the job
+    (``FAILSLOW_NODE_ID``, ``SLURM_NODEID``, ``GROUP_RANK``) when the launcher gives one, so a label that is
+    not a node name but an index into `nodes` becomes that node's name."""
+    names = set(nodes)
+    out = []
+    for s in suspects:
+        node = s.node
+        if node and node not in names and node.isdigit() and int(node) < len(nodes):
+            node = nodes[int(node)]
+        out.append(s if node == s.node else replace(s, node=node))
+    return tuple(out)
+
+
 def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: PaceModel | None,
-              pace: float | None, validated: dict[str, Any] | None = None) -> tuple[TopologyOption, ...]:
+              pace: float | None, validated: dict[str, Any] | None = None,
+              healthy: float | None = None) -> tuple[TopologyOption, ...]:
     """S3 placements for the planner: the suspects' slowness scored by the topology planner (empty when the
     job's shape is unknown, nothing is suspected, or the plan refused).
 
     Once a validation measured the links (`validated`: the nodes it convicted and the slow paths between
     nodes it did not), those replace the detector's link suspects: a path is moved, not a whole NIC guessed.
+    The planner's model is calibrated on the healthy pace when it is known, else on the pace now.
     """
     if validated is not None:
         suspects = (*(s for s in suspects if s.kind != "link"),
@@ -107,14 +123,32 @@ def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: Pac
                 slow_links[key] = min(float(share), slow_links.get(key, 1.0))
         if not slow_ranks and not slow_links:
             return ()
-        params = PlacementParams(microbatches=tuple(info.microbatches)) if info.microbatches else None
+        params = _placement_params(info, validated)
         plan = plan_topology(layout, info.placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
-                             iteration_s=pace)
+                             iteration_s=pace, healthy_s=healthy)
     except InputError as exc:
         log.info("job %s: no topology plan: %s", job, exc)
         return ()
     log.info("job %s: topology plan: %s", job, plan.reason)
     return plan.options()
+
+
+def _placement_params(info: JobInfo, validated: dict[str, Any] | None) -> PlacementParams:
+    """The S3 planner's traffic model for this job: its micro-batch split, the bytes it moves (when the adapter
+    knows them) and the link bandwidth a validation measured on the healthy links; the defaults otherwise."""
+    kw: dict[str, Any] = {}
+    if info.microbatches:
+        kw["microbatches"] = tuple(int(m) for m in info.microbatches)
+    for key in ("grad_bytes", "p2p_bytes", "tp_bytes"):
+        v = info.traffic.get(key)
+        if isinstance(v, list | tuple) and v:
+            kw[key] = tuple(float(x) for x in v)
+        elif isinstance(v, int | float) and not isinstance(v, bool):
+            kw[key] = float(v)
+    bw = (validated or {}).get("link_bw_Bps")
+    if isinstance(bw, int | float) and bw > 0:
+        kw["link_bw"] = float(bw)
+    return PlacementParams(**kw)
 
 
 def _past(actions: list[dict[str, Any]], dry_run_mode: bool) -> tuple[PastAction, ...]:
@@ -383,9 +417,9 @@ class Remediator:
             actions_last_hour=await self.store.started_since(job, now - 3600.0),
         )
         if adapter is not None and info is not None and "topology" in view.capabilities:
-            found = _suspects(ev.get("suspects") or []) if suspects is None else suspects
+            found = _named(_suspects(ev.get("suspects") or []) if suspects is None else suspects, info.nodes)
             view = replace(view, topology=await asyncio.to_thread(_topology, job, info, found, model, pace,
-                                                                  ev.get("validated_links")))
+                                                                  ev.get("validated_links"), healthy))
         return view, upd, await self._costs(adapter), actions, adapter
 
     async def _healthy_overhead(self, job: str, onset: float, healthy: float,
@@ -414,7 +448,8 @@ class Remediator:
                 await self._judge(a, view.pace_s)
         actions = await self.store.get_actions(ev.get("actions") or [])
         ev_view = EventView(job=job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
-                            suspects=_suspects(ev.get("suspects") or []), lost_s=float(upd["lost_s"]),
+                            suspects=_named(_suspects(ev.get("suspects") or []), view.nodes),
+                            lost_s=float(upd["lost_s"]),
                             validated=ev.get("validated"), actions=_past(actions, not self.auto))
         memory = await self.store.job_memory(job)
         view = replace(view, ineffective=frozenset(s for s, u in (memory.get("ineffective") or {}).items() if u > now))
@@ -564,6 +599,23 @@ class Remediator:
             return {**a, "state": state, "ended_at": now, "outcome": outcome.to_json(), "measured": m,
                     **({"recovered_by": recovered_by} if recovered_by else {})}
 
+        if action["strategy"] == "validate":
+            # the verdict lands on the event before the action reads as ended: a plan in between would see a
+            # finished validation and no verdict, and validate again
+            confirmed = bool(outcome.ok and outcome.result.get("confirmed", False))
+            found = {"nodes": list(outcome.result.get("nodes") or []),
+                     "paths": list(outcome.result.get("paths") or []),
+                     **({"link_bw_Bps": outcome.result["link_bw_Bps"]} if outcome.result.get("link_bw_Bps") else {})
+                     } if confirmed else None
+            while True:
+                try:
+                    await self.store.mutate_event(action["event_id"],
+                                                  lambda d: {**d, "validated": confirmed, "validated_links": found})
+                    break
+                except Unavailable as exc:
+                    self.metrics.redis_up.set(0)
+                    log.warning("validation %s ended but redis is away, retrying: %s", action["id"], exc)
+                    await asyncio.sleep(1.0)
         while True:
             try:
                 done, changed = await self.store.transition(action["id"], ("running",), end,
@@ -590,12 +642,6 @@ class Remediator:
                                               lambda d: {**d, "spent_s": float(d.get("spent_s") or 0.0) + cost})
             if outcome.ok and strategy == "rebalance":
                 await self._remember_split(action)
-            if strategy == "validate":
-                confirmed = bool(outcome.ok and outcome.result.get("confirmed", False))
-                found = {"nodes": list(outcome.result.get("nodes") or []),
-                         "paths": list(outcome.result.get("paths") or [])} if confirmed else None
-                await self.store.mutate_event(action["event_id"],
-                                              lambda d: {**d, "validated": confirmed, "validated_links": found})
 
     async def _remember_split(self, action: dict[str, Any]) -> None:
         params = action.get("params") or {}
@@ -713,6 +759,7 @@ class Remediator:
         suspects = _suspects([s.model_dump() for s in req.suspects]) if req.suspects else \
             _suspects(ev.get("suspects") or [])
         view, upd, costs, actions, adapter = await self._inputs(ev, now, suspects)
+        suspects = _named(suspects, view.nodes)
         ev_view = EventView(job=req.job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
                             suspects=suspects, lost_s=float(upd["lost_s"]), validated=ev.get("validated"),
                             actions=_past(actions, not self.auto))

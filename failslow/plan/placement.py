@@ -666,7 +666,8 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
                   slow_ranks: Mapping[int, float] | None = None,
                   slow_links: Mapping[LinkKey, float] | None = None,
                   params: PlacementParams | None = None, iteration_s: float | None = None,
-                  min_gain: float = 0.03, max_candidates: int = 16) -> TopologyPlan:
+                  healthy_s: float | None = None, min_gain: float = 0.03,
+                  max_candidates: int = 16) -> TopologyPlan:
     """Score node permutations of a job and choose the one to restart with (FALCON's S3).
 
     Args:
@@ -679,6 +680,10 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
         params: The traffic and time model (defaults: :class:`PlacementParams`).
         iteration_s: The measured iteration time now; when given the model is calibrated on it
             (:meth:`PlacementModel.calibrate`), so predictions are in the job's own seconds.
+        healthy_s: The measured iteration time before anything was slow; when given the model is calibrated
+            on it instead, with no slowness on the current placement (a pace measured over the healthy
+            stretch is steadier than one measured since the onset, and the traffic model then predicts the
+            slow placement as well as the moves).
         min_gain: Smallest relative gain over the current placement worth a move.
         max_candidates: Most candidates listed (the chosen one is always among them).
 
@@ -692,8 +697,10 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
         raise InputError(f"topology plan: min_gain must be in [0, 1), got {min_gain!r}")
     if isinstance(max_candidates, bool) or not isinstance(max_candidates, int) or max_candidates < 1:
         raise InputError(f"topology plan: max_candidates must be a positive integer, got {max_candidates!r}")
+    if healthy_s is not None:
+        params = PlacementModel(layout, placement, params=params).calibrate(healthy_s).params
     model = PlacementModel(layout, placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params)
-    if iteration_s is not None:
+    if iteration_s is not None and healthy_s is None:
         model = model.calibrate(iteration_s)
     current = model.time()
     generated = _link_moves(model) + _consolidations(model)

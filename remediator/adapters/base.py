@@ -99,9 +99,13 @@ class JobInfo:
     Attributes:
         layout: ``{"dp", "pp", "tp", "ranks_per_node"}`` when known.
         placement: Node index of each global rank (index into ``nodes``).
-        nodes: Names of the nodes the job runs on (as the ``node`` label of its series names them).
+        nodes: Names of the nodes the job runs on (as the ``node`` label of its series names them, or by
+            their index in this list when the launcher numbers nodes: ``FAILSLOW_NODE_ID``, ``SLURM_NODEID``).
         spare_nodes: Idle nodes a restart may move ranks to.
         microbatches: Micro-batches per DP replica per iteration, as the job runs now.
+        traffic: Bytes the job moves, when the adapter knows them: ``grad_bytes`` (per pipeline stage, or one
+            number) and ``p2p_bytes`` (per micro-batch across a pipeline hop), the S3 planner's traffic
+            model (:class:`failslow.plan.placement.PlacementParams`); its defaults otherwise.
         extra: Anything else worth showing (scheduler job id, run directory, ...).
     """
 
@@ -110,12 +114,14 @@ class JobInfo:
     nodes: list[str] = field(default_factory=list)
     spare_nodes: list[str] = field(default_factory=list)
     microbatches: list[int] | None = None
+    traffic: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able form (stored with the event, shown on the status page)."""
         return {"layout": self.layout, "placement": self.placement, "nodes": self.nodes,
-                "spare_nodes": self.spare_nodes, "microbatches": self.microbatches, "extra": self.extra}
+                "spare_nodes": self.spare_nodes, "microbatches": self.microbatches, "traffic": self.traffic,
+                "extra": self.extra}
 
 
 @runtime_checkable

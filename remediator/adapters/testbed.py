@@ -41,6 +41,7 @@ from typing import Any, ClassVar
 
 from failslow.control import ControlTimeout, RunDirClient
 from failslow.errors import InputError
+from failslow.topology import Layout
 from remediator.adapters.base import (
     ActionOutcome,
     ActionRequest,
@@ -164,7 +165,7 @@ class Adapter:
         return JobInfo(layout=st["layout"], placement=list(st["placement"]),
                        nodes=[node_name(i) for i in range(int(st["num_nodes"]))],
                        spare_nodes=[node_name(int(i)) for i in st.get("spare_nodes") or []],
-                       microbatches=list(st["microbatches"]),
+                       microbatches=list(st["microbatches"]), traffic=dict(st.get("traffic") or {}),
                        extra={"run_dir": str(self.run_dir), "completed": st["completed"], "faults": st["faults"]})
 
     def execute(self, request: ActionRequest) -> ActionOutcome:
@@ -256,9 +257,10 @@ class Adapter:
         if ranks:
             answers["compute"] = self._request("validate_compute", _vid(request.id, "compute"), ranks=ranks)
         if suspects:
-            # the communicator: every node holding ranks, one ring (2-3 rounds whatever its size); the links
-            # away from the suspects are the healthy reference
-            ring = sorted({int(n) for n in before["placement"]})
+            # every node holding ranks in one ring (2-3 rounds whatever its size), ordered DP group by DP
+            # group so that every DP link (the heavy traffic) is a ring edge, and each node also gets a link
+            # to another group: a slow NIC slows both its links, a congested path only its own
+            ring = _dp_ring(Layout.from_mapping(before["layout"]), list(before["placement"]))
             answers["links"] = self._request("validate_links", _vid(request.id, "links"), nodes=ring,
                                              suspects=[names.index(n) for n in suspects])
         return _validation_outcome(suspects, answers)
@@ -305,6 +307,16 @@ class Adapter:
         return _validation_outcome(suspects, answers)
 
 
+def _dp_ring(layout: Layout, placement: list[int]) -> list[int]:
+    """The job's nodes, each once, in the order of the DP groups' members (see :meth:`TestbedAdapter._validate`)."""
+    ring: list[int] = []
+    for group in layout.groups("dp"):
+        for r in group:
+            if placement[r] not in ring:
+                ring.append(int(placement[r]))
+    return ring
+
+
 def _validate_params(p: Mapping[str, Any]) -> tuple[list[int], list[str]]:
     """Suspect ranks and node names of a validate action.
 
@@ -349,6 +361,9 @@ def _validation_outcome(suspects: list[str], answers: Mapping[str, Any]) -> Acti
         result["links"] = {k: links.get(k) for k in ("verdict", "links", "rounds", "slow_links", "pause_s",
                                                       "at_iteration")}
         result["paths"] = _slow_paths(links)
+        ref = (links.get("verdict") or {}).get("reference_bandwidth_Bps")
+        if ref:  # what a healthy link of this cluster carries: the S3 planner's link bandwidth
+            result["link_bw_Bps"] = float(ref)
         pause += float(links.get("pause_s") or 0.0)
     result["confirmed"] = bool(result["ranks"] or result["nodes"] or result.get("paths"))
     detail = (f"validation {'confirmed' if result['confirmed'] else 'cleared'} the suspects: slow ranks "

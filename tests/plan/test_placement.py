@@ -182,6 +182,12 @@ def test_cli_prints_the_plan_and_exits_2_on_bad_input(tmp_path: Path) -> None:
     assert doc["current_s"] == pytest.approx(2.0, rel=1e-6)
     assert doc["chosen"]["predicted_s"] <= 0.7 * doc["current_s"]
     assert all({"placement", "predicted_s", "why"} <= set(c) for c in doc["candidates"])
+    healthy = subprocess.run([FAILSLOW, "plan", "topology", "--layout", "dp=2,pp=2", "--ranks-per-node", "1",
+                              "--slow-link", "0-1=0.001", "--healthy-s", "0.4", "--grad-bytes", "4e6",
+                              "--link-bw", "2e9"], capture_output=True, text=True, check=False)
+    assert healthy.returncode == 0, healthy.stderr
+    doc = json.loads(healthy.stdout)
+    assert doc["current_s"] == pytest.approx(2.4, rel=0.02) and doc["chosen"]["predicted_s"] == pytest.approx(0.4)
     layout_file = tmp_path / "layout.json"
     layout_file.write_text(json.dumps({"layout": {"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 1}}))
     ok = subprocess.run([FAILSLOW, "plan", "topology", "--layout", str(layout_file)], capture_output=True,
@@ -210,3 +216,16 @@ def test_suspects_become_slow_ranks_and_links() -> None:
     assert slow_ranks[3] == pytest.approx(2.5) and slow_ranks[2] == 1.0 and 99 not in slow_ranks
     assert slow_links == {1: DEFAULT_LINK_SHARE}
     assert suspect_slowness(lay, [Suspect("compute", 3)], [], None)[0] == {3: DEFAULT_SLOW_FACTOR}
+
+
+def test_calibration_on_the_healthy_pace_predicts_the_slow_placement_and_the_move() -> None:
+    lay = Layout(dp=2, pp=2, ranks_per_node=1)
+    prm = PlacementParams(microbatches=4, grad_bytes=4e6, p2p_bytes=4e5, link_bw=2e9)
+    plan = plan_topology(lay, [0, 1, 2, 3], slow_links={(0, 1): 0.001}, params=prm, healthy_s=0.4)
+    # the healthy placement predicts 0.4 s; the congested path adds its all-reduce: 4 MB at 2 MB/s
+    assert plan.current_s == pytest.approx(0.4 + 4e6 / 2e6, rel=0.02)
+    assert plan.chosen is not None and plan.chosen.predicted_s == pytest.approx(0.4, rel=0.02)
+    # the pace now, when also given, does not override the healthy calibration
+    again = plan_topology(lay, [0, 1, 2, 3], slow_links={(0, 1): 0.001}, params=prm, healthy_s=0.4,
+                          iteration_s=9.0)
+    assert again.current_s == pytest.approx(plan.current_s)

@@ -73,3 +73,23 @@ def test_slow_links_no_named_node_explains_are_paths() -> None:
     assert _slow_paths({"nodes": [3], "verdict": {"links": ev}}) == [["node0", "node1", 0.002]]
     assert _slow_paths({"nodes": [], "verdict": {"links": ev[:2]}}) == [["node0", "node1", 0.002]]
     assert _slow_paths({"nodes": [], "verdict": {}}) == []
+
+
+def test_link_ring_makes_every_dp_link_an_edge() -> None:
+    from failslow.plan.validate import ring_edges
+    from failslow.topology import Layout
+    from remediator.adapters.testbed import _dp_ring
+
+    def edges(ring: list[int]) -> set[frozenset[int]]:
+        return {frozenset(e) for e in ring_edges(ring)}
+
+    lay = Layout(dp=2, pp=2, ranks_per_node=1)
+    for placement in ([0, 1, 2, 3], [0, 2, 1, 3], [3, 1, 0, 2]):
+        ring = _dp_ring(lay, placement)
+        assert sorted(ring) == [0, 1, 2, 3]
+        dp_links = {frozenset((placement[g[0]], placement[g[1]])) for g in lay.groups("dp")}
+        assert dp_links <= edges(ring), (placement, ring)
+    # two ranks per node: each node once, DP4 ring over 4 nodes
+    lay = Layout(dp=4, pp=2, ranks_per_node=2)
+    ring = _dp_ring(lay, [0, 1, 2, 3, 0, 1, 2, 3])
+    assert ring == [0, 1, 2, 3]

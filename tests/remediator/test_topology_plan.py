@@ -37,3 +37,40 @@ def test_validated_paths_replace_the_nic_guess_and_move_the_path() -> None:
     assert {0, 1} not in (stage0, stage1), chosen  # nodes 0 and 1 no longer share a DP ring
     # a validation that convicted the NIC itself keeps the NIC suspect (and still refuses)
     assert _topology("j", info, link, None, 2.0, {"nodes": ["node1"], "paths": []}) == ()
+
+
+def test_node_indices_from_the_exporter_become_the_adapters_node_names() -> None:
+    from remediator.service import _named
+
+    nodes = ("node0", "node1", "node2")
+    sus = (Suspect("link", None, "1"), Suspect("link", None, "node2"), Suspect("compute", 3, "7"),
+           Suspect("compute", 0, ""))
+    assert _named(sus, nodes) == (Suspect("link", None, "node1"), Suspect("link", None, "node2"),
+                                  Suspect("compute", 3, "7"), Suspect("compute", 0, ""))
+    # a node literally named by a number keeps its name
+    assert _named((Suspect("link", None, "1"),), ("0", "1")) == (Suspect("link", None, "1"),)
+
+
+def test_the_jobs_traffic_and_the_measured_link_bandwidth_drive_the_prediction() -> None:
+    from remediator.service import _placement_params
+
+    # the testbed's model: ~3.7 MB of gradient per stage, links of ~2 GB/s, path 0-1 at 0.06%
+    info = JobInfo(layout={"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 1}, placement=[0, 1, 2, 3],
+                   nodes=["node0", "node1", "node2", "node3"], microbatches=[4, 4],
+                   traffic={"grad_bytes": [3.7e6, 3.6e6], "p2p_bytes": 393216})
+    found = {"nodes": [], "paths": [["node0", "node1", 0.0006]], "link_bw_Bps": 2.0e9}
+    p = _placement_params(info, found)
+    assert p.grad_bytes == (3.7e6, 3.6e6) and p.p2p_bytes == 393216.0 and p.link_bw == 2.0e9
+    assert p.microbatches == (4, 4)
+    # 4.2 s with the path in stage 0's gradient ring (the all-reduce alone takes ~3 s at 1.2 MB/s)
+    opts = _topology("j", info, (Suspect("link", None, "node0"),), None, 4.2, found)
+    assert opts
+    # away from the ring the iteration is the compute left after the calibration: well under a second, and
+    # not the ~0 the default 7B traffic model gives (its all-reduce alone would exceed the measured time)
+    assert 0.5 < opts[0].predicted_s < 1.5, opts[0]
+    default = _topology("j", JobInfo(**{**info.__dict__, "traffic": {}}), (Suspect("link", None, "node0"),), None,
+                        4.2, {**found, "link_bw_Bps": None})
+    assert default and default[0].predicted_s < 0.1
+    # calibrated on the healthy pace instead (0.378 s before the onset): the move is predicted to restore it
+    opts = _topology("j", info, (Suspect("link", None, "node0"),), None, 4.2, found, 0.378)
+    assert opts and abs(opts[0].predicted_s - 0.378) < 0.01, opts[0]
