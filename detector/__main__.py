@@ -8,6 +8,7 @@ import sys
 import threading
 
 from prometheus_client import start_http_server
+from pydantic import ValidationError
 
 from detector.service import build
 from detector.settings import Settings
@@ -18,7 +19,12 @@ log = logging.getLogger("failslow.detector")
 def main(settings: Settings | None = None) -> int:
     """Build Settings (env ``FAILSLOW_DETECTOR_*``), serve /metrics, poll until SIGTERM/SIGINT."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    settings = settings or Settings()
+    if settings is None:
+        try:
+            settings = Settings()
+        except ValidationError as exc:  # e.g. FAILSLOW_DETECTOR_SHARD not below FAILSLOW_DETECTOR_SHARDS
+            print(f"detector: bad FAILSLOW_DETECTOR_* settings: {exc}", file=sys.stderr)
+            return 2
     det = build(settings)
     server, _thread = start_http_server(settings.port, settings.address, registry=det.metrics.registry)
     log.info("detector metrics on http://%s:%d/metrics; polling %s every %.3gs", settings.address,

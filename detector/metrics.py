@@ -34,6 +34,10 @@ class DetectorMetrics:
         self.prom_up = gauge("failslow_detector_prometheus_up")
         self.redis_up = gauge("failslow_detector_redis_up")
         self.series = gauge("failslow_detector_series")
+        self.jobs = gauge("failslow_detector_jobs")
+        self.shard = gauge("failslow_detector_shard")
+        self.shards = gauge("failslow_detector_shards")
+        self.shards.set(1)
         self.up.set(1)
         self._suspects: dict[str, set[tuple[str, str, str]]] = {}
 

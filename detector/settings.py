@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from typing import Self
+
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -28,6 +30,9 @@ class Settings(BaseSettings):
         max_suspects: Most suspect series exported per job (bounded label sets).
         stale_after_s: A (job, rank) series without a new sample for this long is dropped (detector
             state, and once a job has no series left, its exported series and Redis event): jobs end.
+        shards: Detector replicas the jobs are split over (1: this one watches every job).
+        shard: This replica's number, 0 .. ``shards`` - 1: it watches the jobs whose Prometheus
+            ``hashmod`` of the job label, modulo ``shards``, is ``shard`` (`detector.shard`).
     """
 
     model_config = SettingsConfigDict(env_prefix="FAILSLOW_DETECTOR_", extra="ignore")
@@ -49,3 +54,12 @@ class Settings(BaseSettings):
     culprit_every: int = Field(20, ge=1)
     max_suspects: int = Field(4, ge=1, le=64)
     stale_after_s: float = Field(600.0, gt=0)
+    shards: int = Field(1, ge=1)
+    shard: int = Field(0, ge=0)
+
+    @model_validator(mode="after")
+    def _shard_in_range(self) -> Self:
+        if self.shard >= self.shards:
+            raise ValueError(f"shard {self.shard} is out of range: with shards={self.shards} the replicas are "
+                             f"numbered 0..{self.shards - 1} (FAILSLOW_DETECTOR_SHARD < FAILSLOW_DETECTOR_SHARDS)")
+        return self

@@ -106,6 +106,13 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("failslow_detector_redis_up", "gauge", "1 if Redis answered the last state read or write.", (),
            "detector"),
     Metric("failslow_detector_series", "gauge", "Per-rank series the detector tracks.", (), "detector"),
+    Metric("failslow_detector_jobs", "gauge",
+           "Training jobs the detector watches: all of them, or this replica's share when sharded.", (), "detector"),
+    Metric("failslow_detector_shard", "gauge",
+           "This replica's shard: it watches the jobs whose hashmod of the job label (Prometheus relabel "
+           "hashmod: MD5, last 8 bytes, modulo failslow_detector_shards) equals this value.", (), "detector"),
+    Metric("failslow_detector_shards", "gauge", "Detector replicas the jobs are split over (1: not sharded).", (),
+           "detector"),
     # --- remediator ----------------------------------------------------------------------------
     Metric("failslow_remediator_deliveries_total", "counter",
            "Webhook deliveries by outcome: accepted (something new stored), duplicate (every alert seen "

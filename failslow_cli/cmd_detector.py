@@ -17,6 +17,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stale-after", type=float,
                    help="seconds without a new sample before a rank's series (and a job left without any) is "
                         "dropped (FAILSLOW_DETECTOR_STALE_AFTER_S, default 600)")
+    p.add_argument("--shards", type=int,
+                   help="detector replicas the jobs are split over, by Prometheus' hashmod of the job label "
+                        "(FAILSLOW_DETECTOR_SHARDS, default 1)")
+    p.add_argument("--shard", type=int,
+                   help="this replica's number, 0 .. shards-1 (FAILSLOW_DETECTOR_SHARD, default 0)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -30,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
     over = {k: v for k, v in {"prometheus_url": args.prometheus_url, "redis_url": args.redis_url,
                               "port": args.port, "address": args.address,
                               "poll_interval_s": args.poll_interval,
-                              "stale_after_s": args.stale_after}.items() if v is not None}
+                              "stale_after_s": args.stale_after, "shards": args.shards,
+                              "shard": args.shard}.items() if v is not None}
     try:
         settings = Settings(**over)
     except ValidationError as exc:

@@ -1,0 +1,242 @@
+"""Two detector replicas share one Prometheus and one Redis: every job watched exactly once, and a restart resumes.
+
+Real Prometheus, run from the shipped prometheus.yml and rules with both replicas in its detector target
+file, scrapes a prometheus-client endpoint playing six DP2 x PP2 jobs (names with regex metacharacters, so
+the replicas' job-regex queries must escape them) and both replicas, started as `failslow detector
+--shards 2 --shard i` processes. A `hashmod` metric relabel rule added to the detector scrape job makes
+Prometheus itself label each verdict with the shard of its job, which must be the replica that exported it.
+A slowdown is injected on one job of each shard; then replica 0 is killed (SIGKILL) and started again.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_lib
+import requests
+import yaml
+from prometheus_client.parser import text_string_to_metric_families
+
+from detector.shard import hashmod
+from failslow_cli.stack import processes
+from failslow_cli.stack.processes import failslow_cli, free_port, start_process, stop_process, wait_http
+from tests.detector.detector_stack import Endpoint, FakeJob, Redis, env_without_proxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+SCRAPE = 0.1
+PREFIX = "failslow:detector"
+# hashmod(job, 2): 0 for the first three, 1 for the others (asserted below: the test depends on it).
+JOBS = {0: ["llm-a", "vision(c)", 'q"f\\g'], 1: ["llm.b+1", "rl|d", "t5*"]}
+SLOW = {0: "vision(c)", 1: "rl|d"}
+
+Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int) -> Metrics:
+    """Every sample a replica's /metrics serves, keyed by (name, sorted labels)."""
+    text = requests.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def value(m: Metrics, name: str, **labels: str) -> float | None:
+    return m.get((name, tuple(sorted(labels.items()))))
+
+
+def jobs_exported(m: Metrics) -> set[str]:
+    return {dict(lab)["job"] for (name, lab) in m if name == "failslow_detector_failslow"}
+
+
+def watching(r: Replica, series: float = 12.0) -> Metrics | None:
+    """The replica's metrics once it tracks ``series`` rank series, else None."""
+    m = r.metrics()
+    return m if value(m, "failslow_detector_series") == series else None
+
+
+def verdict(r: Replica, job: str) -> float | None:
+    return value(r.metrics(), "failslow_detector_failslow", job=job)
+
+
+def wait_for(what: str, pred: Callable[[], Any], timeout: float = 60.0) -> Any:
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            got = pred()
+        except requests.RequestException:
+            got = None
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+class Replica:
+    """One `failslow detector --shards 2 --shard <index>` process on a fixed port."""
+
+    def __init__(self, index: int, tmp: Path, redis_url: str) -> None:
+        self.index, self.port, self.redis_url = index, free_port(), redis_url
+        self.log = tmp / f"detector-{index}.log"
+        self.prom_url = ""
+        self.proc: Any = None
+
+    def start(self) -> None:
+        env = env_without_proxy()
+        env.update({"FAILSLOW_DETECTOR_REDIS_URL": self.redis_url, "FAILSLOW_DETECTOR_ADDRESS": "127.0.0.1",
+                    "FAILSLOW_DETECTOR_SNAPSHOT_EVERY": "5", "FAILSLOW_DETECTOR_QUERY_TIMEOUT_S": "2"})
+        self.proc = start_process([*failslow_cli(), "detector", "--shards", "2", "--shard", str(self.index),
+                                   "--prometheus-url", self.prom_url, "--port", str(self.port),
+                                   "--poll-interval", str(SCRAPE)], self.log, env=env)
+        wait_http(f"http://127.0.0.1:{self.port}/metrics", self.proc, self.log)
+
+    def metrics(self) -> Metrics:
+        return scrape(self.port)
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc is not None:
+            stop_process(self.proc, kill=kill)
+
+
+Stack = tuple[dict[str, FakeJob], str, Redis, list[Replica]]
+
+
+def shipped_prometheus(tmp: Path, exporter: str, detectors: list[str]) -> tuple[Path, int]:
+    """The shipped config and rules, the replicas as detector targets, plus a hashmod label on their series."""
+    port = free_port()
+    cfg_path = processes.render_prometheus(tmp / "prom", prometheus=f"127.0.0.1:{port}", exporters=[exporter],
+                                           detector=detectors, scrape_interval=f"{int(SCRAPE * 1000)}ms",
+                                           evaluation_interval="1s")
+    cfg = yaml.safe_load(cfg_path.read_text())
+    (job,) = [j for j in cfg["scrape_configs"] if j["job_name"] == "failslow-detector"]
+    job["metric_relabel_configs"] = [{"source_labels": ["job"], "modulus": 2, "target_label": "prom_shard",
+                                      "action": "hashmod"}]
+    cfg_path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return cfg_path, port
+
+
+@pytest.fixture
+def shards(tmp_path: Path) -> Iterator[Stack]:
+    jobs = {name: FakeJob(job=name, comm_metrics=False) for names in JOBS.values() for name in names}
+    ep = Endpoint(list(jobs.values()), period=SCRAPE)
+    red = Redis(tmp_path)
+    replicas = [Replica(i, tmp_path, red.url) for i in range(2)]
+    cfg, port = shipped_prometheus(tmp_path, ep.target, [f"127.0.0.1:{r.port}" for r in replicas])
+    try:
+        red.start()
+        with processes.prometheus(cfg, port) as prom:
+            for r in replicas:
+                r.prom_url = prom.url
+                r.start()
+            yield jobs, prom.url, red, replicas
+    finally:
+        for r in replicas:
+            r.stop()
+        red.stop()
+        ep.close()
+
+
+def prom_query(prom: str, expr: str) -> list[dict[str, Any]]:
+    doc = requests.post(f"{prom}/api/v1/query", data={"query": expr}, timeout=5).json()
+    assert doc["status"] == "success", doc
+    return list(doc["data"]["result"])
+
+
+def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -> None:
+    jobs, prom, red, (r0, r1) = shards
+    assert {i: [hashmod(j, 2) for j in names] for i, names in JOBS.items()} == {0: [0, 0, 0], 1: [1, 1, 1]}
+
+    # Each replica watches exactly its own three jobs (4 ranks each), and nothing of the other's.
+    for r in (r0, r1):
+        m = wait_for(f"replica {r.index} to watch its jobs", partial(watching, r))
+        assert jobs_exported(m) == set(JOBS[r.index])
+        assert value(m, "failslow_detector_jobs") == 3.0
+        assert value(m, "failslow_detector_shard") == float(r.index)
+        assert value(m, "failslow_detector_shards") == 2.0
+    time.sleep(30 * SCRAPE)  # a healthy history on every rank before the fault
+
+    for name in SLOW.values():
+        jobs[name].slow_rank = 3
+    for r in (r0, r1):
+        wait_for(f"replica {r.index} to detect {SLOW[r.index]}", partial(lambda r, job: verdict(r, job) == 1.0, r,
+                                                                          SLOW[r.index]))
+    m0, m1 = r0.metrics(), r1.metrics()
+    onset = {0: value(m0, "failslow_detector_onset_timestamp_seconds", job=SLOW[0]),
+             1: value(m1, "failslow_detector_onset_timestamp_seconds", job=SLOW[1])}
+    for r, m in ((r0, m0), (r1, m1)):
+        assert jobs_exported(m) == set(JOBS[r.index])  # the other replica's slow job is not seen here
+        assert value(m, "failslow_detector_events_total", job=SLOW[r.index]) == 1.0
+        assert all(value(m, "failslow_detector_failslow", job=j) == 0.0 for j in JOBS[r.index] if j != SLOW[r.index])
+
+    # What the alert rules read: one failslow_detector_failslow series per job, from the replica that owns it,
+    # and that owner is the shard a real Prometheus's hashmod relabel rule gives the job.
+    port_of = {f"127.0.0.1:{r.port}": r.index for r in (r0, r1)}
+
+    def verdicts() -> list[dict[str, Any]] | None:
+        got = prom_query(prom, "failslow_detector_failslow")
+        slow = sorted(s["metric"]["job"] for s in got if float(s["value"][1]) == 1.0)
+        return got if sorted(s["metric"]["job"] for s in got) == sorted(jobs) and slow == sorted(SLOW.values()) \
+            else None
+
+    for s in wait_for("Prometheus to hold every job's verdict once, the slow ones at 1", verdicts):
+        lab = s["metric"]
+        assert port_of[lab["instance"]] == int(lab["prom_shard"]) == hashmod(lab["job"], 2), lab
+    # The shipped FailSlowDetected rule, evaluated by Prometheus: one alert per slow job (pending for its `for`).
+    alerts = wait_for("FailSlowDetected for both slow jobs", lambda: (got := prom_query(
+        prom, 'ALERTS{alertname="FailSlowDetected"}')) and len(got) >= 2 and got)
+    assert sorted(a["metric"]["job"] for a in alerts) == sorted(SLOW.values())
+
+    # Replicas never overwrite each other in Redis: a snapshot each, holding only its own jobs; one
+    # event hash with both slow jobs' open events.
+    rc: Any = redis_lib.Redis.from_url(red.url)
+    for i in (0, 1):
+        meta = wait_for(f"snapshot of shard {i}", partial(rc.get, f"{PREFIX}:shard:{i}:snapshot:meta"))
+        assert sorted({k[0] for k in json.loads(meta)["keys"]}) == sorted(JOBS[i])
+    assert rc.get(f"{PREFIX}:snapshot") is None
+    stored = {k.decode(): json.loads(v) for k, v in rc.hgetall(f"{PREFIX}:events").items()}
+    assert all(stored[SLOW[i]]["open"] and stored[SLOW[i]]["events"] == 1 for i in (0, 1))
+
+    # Replica 0 dies without saving, from a snapshot taken well into its open event (a restored state with
+    # only a few slow samples after the onset would test the core's handling of short slowdowns, not this).
+    def snapshot_step() -> int | None:
+        meta = json.loads(rc.get(f"{PREFIX}:shard:0:snapshot:meta"))
+        return int(meta["t"]) if meta["jobs"][SLOW[0]]["open"] else None
+
+    t_open = wait_for("a snapshot of replica 0 with the open event", snapshot_step)
+    wait_for("a later snapshot of replica 0", lambda: (snapshot_step() or 0) >= t_open + 10)
+    # Replica 1 goes on alone and does not take over replica 0's jobs.
+    pid1 = r1.proc.pid
+    r0.stop(kill=True)
+    time.sleep(10 * SCRAPE)
+    m1 = r1.metrics()
+    assert jobs_exported(m1) == set(JOBS[1]) and value(m1, "failslow_detector_series") == 12.0
+    # Replica 0 comes back: its open event is neither forgotten nor fired again, and it watches its jobs.
+    r0.start()
+    m0 = wait_for("replica 0 to resume its share", partial(watching, r0))
+    assert jobs_exported(m0) == set(JOBS[0])
+    assert value(m0, "failslow_detector_failslow", job=SLOW[0]) == 1.0
+    assert value(m0, "failslow_detector_onset_timestamp_seconds", job=SLOW[0]) == pytest.approx(onset[0])
+    assert value(m0, "failslow_detector_events_total", job=SLOW[0]) is None  # nothing opened anew
+    assert json.loads(rc.hget(f"{PREFIX}:events", SLOW[0]))["events"] == 1
+    assert "state loaded (shard 0 of 2): 12 series, 3 jobs, 1 open events" in r0.log.read_text()
+
+    # The other replica was not disturbed: same process, same jobs, its event still open and counted once.
+    m1 = r1.metrics()
+    assert r1.proc.pid == pid1 and r1.proc.poll() is None
+    assert jobs_exported(m1) == set(JOBS[1])
+    assert value(m1, "failslow_detector_failslow", job=SLOW[1]) == 1.0
+    assert value(m1, "failslow_detector_onset_timestamp_seconds", job=SLOW[1]) == pytest.approx(onset[1])
+    assert value(m1, "failslow_detector_events_total", job=SLOW[1]) == 1.0
+
+    # The restarted replica is detecting, not replaying: the fault ends and it closes the event.
+    jobs[SLOW[0]].slow_rank = None
+    wait_for("replica 0 to see the recovery", lambda: verdict(r0, SLOW[0]) == 0.0)
+    assert json.loads(rc.hget(f"{PREFIX}:events", SLOW[0]))["open"] is False
+    assert value(r1.metrics(), "failslow_detector_failslow", job=SLOW[1]) == 1.0
+    assert len(prom_query(prom, "failslow_detector_failslow")) == len(jobs)
