@@ -18,7 +18,7 @@ communication timings, which a busy neighbour or a data skew can mimic. Before a
   colouring from the root below reaches it), one round per colour: 3 rounds for the binary trees
   (:func:`binary_tree_edges`) NCCL's tree algorithm uses, whatever their size. A link is slow when its
   bandwidth is below ``bandwidth_fraction`` (default :data:`LINK_BANDWIDTH_FRACTION` = 0.5) of the median
-  over the links not under suspicion (all links when none is clean), or its small-message latency above
+  over the links not under suspicion (over the faster half of all links when fewer than three are clean), or its small-message latency above
   ``latency_multiple`` (default :data:`LINK_LATENCY_MULTIPLE` = 5) times their median latency. A node is
   named when every link it was measured on is slow (see :func:`link_verdict` for nodes measured on one link
   only).
@@ -47,6 +47,8 @@ LINK_BANDWIDTH_FRACTION: Final = 0.5
 #: healthy links vary more than bandwidths (scheduling noise dominates a ~0.1 ms round trip), hence the
 #: wide margin.
 LINK_LATENCY_MULTIPLE: Final = 5.0
+#: Links not under suspicion needed for them alone to be the reference (else: the faster half of all links).
+MIN_CLEAN_LINKS: Final = 3
 
 Edge = tuple[int, int]
 Kind = Literal["ring", "tree"]
@@ -424,8 +426,9 @@ def link_verdict(measurements: Sequence[LinkMeasurement], suspect_nodes: Iterabl
     """Which links are slow against the healthy ones, and which nodes that points at.
 
     A link is under suspicion when it touches a suspect node or is a suspect link (either direction). The
-    reference is the median bandwidth and latency of the links not under suspicion, or of all links when none
-    is clean. Nodes: a node measured on two or more links is named when all of them are slow (a throttled
+    reference is the median bandwidth and latency of the links not under suspicion when something is under
+    suspicion and at least :data:`MIN_CLEAN_LINKS` links are not, else the median of the faster half of all links (highest bandwidths,
+    lowest latencies). Nodes: a node measured on two or more links is named when all of them are slow (a throttled
     NIC slows every link of its node; a slow link between two healthy nodes does not convict either). A node
     measured on one link only is named when that link is slow and the other end does not explain it (is not
     named itself); when both ends of a slow link are such one-link nodes, the suspect end is named, and
@@ -455,8 +458,17 @@ def link_verdict(measurements: Sequence[LinkMeasurement], suspect_nodes: Iterabl
     lat = np.array([m.latency_s for m in measurements], dtype=np.float64)
     suspect = np.array([m.a in sus_nodes or m.b in sus_nodes or frozenset((m.a, m.b)) in sus_links
                         for m in measurements], dtype=bool)
-    ref_mask = ~suspect if (~suspect).any() else np.ones_like(suspect)
-    ref_bw, ref_lat = float(np.median(bw[ref_mask])), float(np.median(lat[ref_mask]))
+    if suspect.any() and (~suspect).sum() >= MIN_CLEAN_LINKS:
+        ref_bw, ref_lat = float(np.median(bw[~suspect])), float(np.median(lat[~suspect]))
+        label = "clean"
+    else:
+        # one or two clean links are one or two samples of a noisy quantity (a loaded host halves a link's
+        # rate now and then): the faster half of every measured link is the reference, which stays healthy
+        # while fewer than half of the links are slow
+        half = max(1, (len(bw) + 1) // 2)
+        ref_bw = float(np.median(np.sort(bw)[-half:]))
+        ref_lat = float(np.median(np.sort(lat)[:half]))
+        label = "all"
     bw_ratio, lat_ratio = bw / ref_bw, lat / ref_lat
     slow_bw, slow_lat = bw_ratio < frac, lat_ratio > latency_multiple
     ev = tuple(LinkEvidence(m.a, m.b, bool(suspect[i]), float(bw[i]), float(lat[i]), float(bw_ratio[i]),
@@ -464,7 +476,6 @@ def link_verdict(measurements: Sequence[LinkMeasurement], suspect_nodes: Iterabl
                             "+".join(w for w, hit in (("bandwidth", slow_bw[i]), ("latency", slow_lat[i])) if hit))
                for i, m in enumerate(measurements))
     nodes, ambiguous = _name_nodes(ev, sus_nodes)
-    label = "clean" if suspect.any() and (~suspect).any() else "all"
     return LinkVerdict(frac, float(latency_multiple), label, ref_bw, ref_lat, ev, nodes, ambiguous)
 
 
