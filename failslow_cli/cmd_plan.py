@@ -13,6 +13,9 @@ and ``moved`` how many micro-batches change group.
 [--slow-link 0-1=0.1] [--iteration-s T | --healthy-s T] [model options]` scores node permutations with the S3 model
 (`failslow.plan.placement`) and prints the current predicted time, every candidate with its predicted iteration
 time and why, and the chosen placement (``null`` with the refusal ``reason`` when no move gains ``--min-gain``).
+With ``--rebalance [--micro-batch-upper N|N,N]`` every placement, the current one included, is scored under its
+own best micro-batch split of the same total: each candidate (and ``current``) shows its ``counts``, ``as_is_s``
+is the current placement under the current split, and a move must beat S2 alone on the current placement.
 Logic lives in `failslow.plan`.
 """
 
@@ -162,6 +165,11 @@ def _add_topology(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-gain", type=float, default=0.03,
                    help="smallest relative gain worth a move (default 0.03)")
     p.add_argument("--max-candidates", type=int, default=16, help="most candidates listed (default 16)")
+    p.add_argument("--rebalance", action="store_true",
+                   help="score every placement, the current one included, under its own best micro-batch split "
+                        "(the move followed by S2); candidates show their split as counts")
+    p.add_argument("--micro-batch-upper",
+                   help="with --rebalance: most micro-batches per replica (memory): one or one per replica")
 
 
 def _one_or_many(text: str, what: str) -> float | tuple[float, ...]:
@@ -204,9 +212,12 @@ def _run_topology(args: argparse.Namespace) -> int:
         compute_s=_one_or_many(args.compute_s, "--compute-s"), edge_stage_weight=args.edge_weight,
         p2p_bytes=args.p2p_bytes, grad_bytes=_one_or_many(args.grad_bytes, "--grad-bytes"),
         tp_bytes=args.tp_bytes, link_bw=args.link_bw, intra_bw=args.intra_bw, overhead_s=args.overhead_s)
+    upper = None if args.micro_batch_upper is None else _integers(args.micro_batch_upper, "--micro-batch-upper")
+    if upper is not None and not args.rebalance:
+        raise InputError("--micro-batch-upper needs --rebalance")
     plan = plan_topology(layout, placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
                          iteration_s=args.iteration_s, healthy_s=args.healthy_s, min_gain=args.min_gain,
-                         max_candidates=args.max_candidates)
+                         max_candidates=args.max_candidates, rebalance=args.rebalance, microbatch_upper=upper)
     doc = {"layout": layout.to_dict(), "placement": list(placement) if placement is not None
            else [int(x) for x in layout.nodes_array()], **plan.to_json()}
     print(json.dumps(doc, indent=2))

@@ -50,6 +50,18 @@ search, two families of candidates are generated, scored and listed with a reaso
 congested node, or an end of a congested path, with every other node) and consolidation (the slow nodes into
 ``ceil(k / nodes per stage)`` stages, interior stages first). Exact ties go to the placement that moves the
 fewest nodes, then the one with the fewest slow slots in an edge stage.
+
+**Moves that pay with a rebalance** (``rebalance=True``). With compute stragglers in several DP replicas every
+replica is slow, so S2 cannot help, and gathering the slow GPUs into one replica scores no better under the
+job's current split: only the move followed by an S2 split pays (FALCON's consolidation, Fig. 16). With
+``rebalance`` every placement is scored under its own best split of the same total ``M``: ``overhead + min
+over integers m_d >= 1 (m_d <= an optional upper bound), sum m_d = M, of max_d (m_d t_d + o_d) + its
+all-reduce``. Over all placements at once this is a search on the makespan ``T`` (the smallest ``T`` with
+``sum_d clip(floor((T - o_d) / t_d), 1, upper_d) >= M``, settled per element on the exact expression
+``k t_d + o_d <= T``, so it is the value :func:`failslow.plan.microbatch.rebalance` reaches to the last bit);
+the listed candidates then get their split from that solver. The current placement is scored with its best
+split too, so a move is only chosen when it beats S2 alone, and consolidation also gathers the slow nodes
+into as few replicas as possible.
 """
 
 from __future__ import annotations
@@ -64,6 +76,8 @@ import numpy as np
 import numpy.typing as npt
 
 from failslow.errors import InputError
+from failslow.plan.microbatch import Rebalance
+from failslow.plan.microbatch import rebalance as solve_split
 from failslow.plan.pace import PaceModel
 from failslow.plan.policy import Suspect, TopologyOption
 from failslow.topology import Layout
@@ -170,16 +184,23 @@ class PlacementParams:
 
 @dataclass(frozen=True)
 class IterationTime:
-    """The model's iteration time of one placement and its parts (seconds)."""
+    """The model's iteration time of one placement and its parts (seconds); `counts` is the micro-batch
+    split it assumes when the model rebalances (None: the job's current split)."""
 
     total_s: float
     pipeline_s: float
     allreduce_s: float
     overhead_s: float
+    counts: tuple[int, ...] | None = None
 
-    def to_json(self) -> dict[str, float]:
-        """Plain JSON form."""
-        return asdict(self)
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON form (``counts`` only when set)."""
+        doc = asdict(self)
+        if self.counts is None:
+            del doc["counts"]
+        else:
+            doc["counts"] = list(self.counts)
+        return doc
 
 
 @dataclass(frozen=True)
@@ -192,6 +213,8 @@ class PlacementCandidate:
         why: What the move does, for people.
         source: ``link`` (link move), ``consolidate``, ``search`` (exhaustive or local search).
         moved: Nodes that host other ranks than now.
+        counts: The micro-batch split per DP replica the prediction assumes (planned with ``rebalance``);
+            None: the job's current split.
     """
 
     placement: tuple[int, ...]
@@ -199,15 +222,19 @@ class PlacementCandidate:
     why: str
     source: str
     moved: tuple[int, ...]
+    counts: tuple[int, ...] | None = None
 
     def to_option(self) -> TopologyOption:
         """The form the ski-rental planner takes (`failslow.plan.policy.JobView.topology`)."""
-        return TopologyOption(placement=self.placement, predicted_s=self.predicted_s, why=self.why)
+        return TopologyOption(placement=self.placement, predicted_s=self.predicted_s, why=self.why,
+                              counts=self.counts)
 
     def to_json(self, current_s: float | None = None) -> dict[str, Any]:
-        """Plain JSON form; with `current_s`, also the predicted relative gain."""
+        """Plain JSON form (``counts`` only when set); with `current_s`, also the predicted relative gain."""
         doc: dict[str, Any] = {"placement": list(self.placement), "predicted_s": self.predicted_s,
                                "source": self.source, "moved_nodes": list(self.moved), "why": self.why}
+        if self.counts is not None:
+            doc["counts"] = list(self.counts)
         if current_s:
             doc["gain"] = 1.0 - self.predicted_s / current_s
         return doc
@@ -218,8 +245,10 @@ class TopologyPlan:
     """The S3 planner's answer.
 
     Attributes:
-        current_s: Predicted (calibrated: measured) iteration time of the current placement.
-        current: Its breakdown.
+        current_s: Predicted (calibrated: measured) iteration time of the current placement; with `rebalance`,
+            under its best micro-batch split (what S2 alone would reach), the time every move is measured
+            against.
+        current: Its breakdown (with `rebalance`, its ``counts`` are that split).
         candidates: Scored placements other than the current one, best first.
         chosen: The placement to move to, or None (see `reason`).
         reason: Why `chosen` was taken or why none was.
@@ -227,6 +256,8 @@ class TopologyPlan:
         evaluated: Placements the search scored.
         min_gain: The relative gain a move had to predict.
         params: The model parameters used (after calibration).
+        rebalance: Every placement was scored under its own best micro-batch split.
+        as_is_s: With `rebalance`, the current placement under the job's current split (without: None).
     """
 
     current_s: float
@@ -238,6 +269,8 @@ class TopologyPlan:
     evaluated: int
     min_gain: float
     params: PlacementParams
+    rebalance: bool = False
+    as_is_s: float | None = None
 
     def options(self) -> tuple[TopologyOption, ...]:
         """What the ski-rental planner should weigh: the chosen placement first, then every other one that
@@ -249,13 +282,17 @@ class TopologyPlan:
         return (self.chosen.to_option(), *rest)
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON form (what `failslow plan topology` prints)."""
-        return {"current_s": self.current_s, "current": self.current.to_json(),
-                "chosen": None if self.chosen is None else self.chosen.to_json(self.current_s),
-                "reason": self.reason, "method": self.method, "evaluated": self.evaluated,
-                "min_gain": self.min_gain,
-                "candidates": [c.to_json(self.current_s) for c in self.candidates],
-                "params": self.params.to_json()}
+        """Plain JSON form (what `failslow plan topology` prints; ``rebalance`` and ``as_is_s`` only when
+        planned with `rebalance`)."""
+        doc: dict[str, Any] = {
+            "current_s": self.current_s, "current": self.current.to_json(),
+            "chosen": None if self.chosen is None else self.chosen.to_json(self.current_s),
+            "reason": self.reason, "method": self.method, "evaluated": self.evaluated, "min_gain": self.min_gain,
+            "candidates": [c.to_json(self.current_s) for c in self.candidates], "params": self.params.to_json()}
+        if self.rebalance:
+            doc["rebalance"] = True
+            doc["as_is_s"] = self.as_is_s
+        return doc
 
 
 def _check_layout(layout: Layout) -> Layout:
@@ -294,22 +331,93 @@ def _check_placement(layout: Layout, placement: Sequence[int] | None) -> IntArra
     return arr
 
 
+def _fits(T: FloatArray, t: FloatArray, o: FloatArray, cap: FloatArray) -> FloatArray:
+    """Per row and replica, the most micro-batches k in [1, cap] with ``k * t + o <= T`` (T: one per row;
+    1 where none fits), settled on that very expression so that it agrees with the exact solver."""
+    col = T[:, None]
+    with np.errstate(over="ignore", invalid="ignore"):
+        k = np.clip(np.floor((col - o) / t), 1.0, cap)
+    for _ in range(8):
+        up = (k < cap) & ((k + 1.0) * t + o <= col)
+        down = (k > 1.0) & (k * t + o > col)
+        if not (up.any() or down.any()):
+            break
+        k = k + up - down
+    return np.asarray(k, dtype=np.float64)
+
+
+def min_makespan(times: FloatArray, offsets: FloatArray, total: int, cap: FloatArray | None = None) -> FloatArray:
+    """``min over integer splits`` of ``max_d (m_d * times[:, d] + offsets[:, d])`` for every row at once.
+
+    Each row is one placement's replicas; a split has ``1 <= m_d <= cap[d]`` and ``sum_d m_d = total``
+    (``cap`` defaults to ``total - dp + 1``, i.e. no limit). The optimum is the smallest ``T`` at least every
+    replica's first micro-batch, ``max_d (t_d + o_d)``, at which ``A(T) = sum_d clip(floor((T - o_d) / t_d),
+    1, cap_d)`` reaches ``total`` (take the cheapest micro-batches; a replica's costs only grow). Searched on
+    ``T`` with the bracket ``A(lo) < total <= A(hi)`` for all rows together: each pass halves the bracket and
+    also tries the cheapest micro-batch above ``lo``; when that one already reaches ``total`` it is the exact
+    optimum (a value ``k * t_d + o_d`` evaluated as :func:`failslow.plan.microbatch.rebalance` evaluates it),
+    otherwise ``lo`` moves past it. So every pass passes at least one micro-batch, and the search ends within
+    ``total`` passes, usually far fewer.
+
+    Args:
+        times: ``t_d`` per row and replica, shape (K, dp), positive.
+        offsets: ``o_d``, the same shape, >= 0.
+        total: ``M``, at least dp.
+        cap: Most micro-batches per replica (dp,), each at least 1, their sum at least `total`.
+
+    Returns:
+        The optimal makespan of each row, shape (K,).
+    """
+    t = np.asarray(times, dtype=np.float64)
+    o = np.asarray(offsets, dtype=np.float64)
+    n = t.shape[1]
+    hi_k = np.full(n, float(total - n + 1)) if cap is None else np.asarray(cap, dtype=np.float64)
+    out = (t + o).max(axis=1)  # every replica takes one: a lower bound, optimal when it already reaches M
+    lo = out.copy()
+    k_lo = _fits(lo, t, o, hi_k)
+    idx = np.flatnonzero(k_lo.sum(axis=1) < total)
+    lo, k_lo, tt, oo = lo[idx], k_lo[idx], t[idx], o[idx]
+    hi = (hi_k * tt + oo).max(axis=1)  # everything fits
+    while idx.size:
+        # the cheapest micro-batch above lo: if taking it reaches M, it is the optimum
+        nxt = np.where(k_lo < hi_k, (k_lo + 1.0) * tt + oo, np.inf).min(axis=1)
+        k_nxt = _fits(nxt, tt, oo, hi_k)
+        done = k_nxt.sum(axis=1) >= total
+        out[idx[done]] = nxt[done]
+        keep = ~done
+        idx, lo, hi, tt, oo = idx[keep], nxt[keep], hi[keep], tt[keep], oo[keep]
+        k_lo = k_nxt[keep]
+        if not idx.size:
+            break
+        mid = lo + (hi - lo) * 0.5
+        k_mid = _fits(mid, tt, oo, hi_k)
+        ok = k_mid.sum(axis=1) >= total
+        hi = np.where(ok, mid, hi)
+        lo = np.where(ok, lo, mid)
+        k_lo = np.where(ok[:, None], k_lo, k_mid)
+    return np.asarray(out, dtype=np.float64)
+
+
 class PlacementModel:
     """The iteration-time model of one job's hardware, able to score any node permutation.
 
     Built from the current placement and the measured slowness (see the module docstring); all scoring is
-    vectorised over placements.
+    vectorised over placements. With `rebalance` every placement is scored under its own best micro-batch
+    split of the same total (at most `microbatch_upper` per replica: one bound for all or one per replica);
+    without, under the split in `params`.
 
     Raises:
         InputError: a layout with context parallelism, a placement that is not a whole number of equal nodes,
-            a slow rank or node outside the job, a compute factor that is not positive and finite, or a
-            bandwidth share outside (0, 1].
+            a slow rank or node outside the job, a compute factor that is not positive and finite, a
+            bandwidth share outside (0, 1], or upper bounds that are not positive integers (one or one per
+            replica) or leave no room for the total.
     """
 
     def __init__(self, layout: Layout, placement: Sequence[int] | None = None, *,
                  slow_ranks: Mapping[int, float] | None = None,
                  slow_links: Mapping[LinkKey, float] | None = None,
-                 params: PlacementParams | None = None) -> None:
+                 params: PlacementParams | None = None, rebalance: bool = False,
+                 microbatch_upper: int | Sequence[int] | None = None) -> None:
         self.layout = _check_layout(layout)
         self.placement = _check_placement(layout, placement)
         self.params = PlacementParams() if params is None else params
@@ -352,6 +460,50 @@ class PlacementModel:
         self._base = self.params.per_stage("compute_s", layout.pp) * weight
         self._grad = self.params.per_stage("grad_bytes", layout.pp)
         self._stage_of = layout.coords_array()[:, 3]
+        self._replica_of = layout.coords_array()[:, 2]
+        self.rebalance = bool(rebalance)
+        self.upper = self._check_upper(microbatch_upper)
+
+    def _check_upper(self, upper: int | Sequence[int] | None) -> tuple[int, ...] | None:
+        if upper is None:
+            return None
+        dp = self.layout.dp
+        try:
+            values: list[object] = [upper] if isinstance(upper, int | np.integer) else list(upper)
+        except TypeError:
+            values = [upper]
+        if not all(isinstance(x, int | np.integer) and not isinstance(x, bool) for x in values):
+            raise InputError(f"topology plan: microbatch_upper must be integers, got {upper!r}")
+        bounds = tuple(int(x) for x in values)  # type: ignore[call-overload]
+        if len(bounds) == 1:
+            bounds = bounds * dp
+        if len(bounds) != dp or min(bounds) < 1:
+            raise InputError(f"topology plan: microbatch_upper needs one bound >= 1 or one per DP replica "
+                             f"({dp}), got {upper!r}")
+        total = self.total
+        if sum(min(b, total) for b in bounds) < total:
+            raise InputError(f"topology plan: microbatch_upper {list(bounds)} leaves no room for {total} "
+                             "micro-batches")
+        return bounds
+
+    @property
+    def total(self) -> int:
+        """``M``: micro-batches per iteration over all replicas (kept by every split)."""
+        return int(self._m.sum())
+
+    def _caps(self) -> FloatArray:
+        """Most micro-batches a replica may take in a split: its bound, and no more than the others leave."""
+        room = float(self.total - self.layout.dp + 1)
+        if self.upper is None:
+            return np.full(self.layout.dp, room)
+        return np.minimum(np.asarray(self.upper, dtype=np.float64), room)
+
+    def with_rebalance(self, rebalance: bool) -> PlacementModel:
+        """The same model scoring under each placement's best split (True) or the current one (False)."""
+        other = object.__new__(PlacementModel)
+        other.__dict__.update(self.__dict__)
+        other.rebalance = bool(rebalance)
+        return other
 
     def _is_node(self, x: object) -> bool:
         return not isinstance(x, bool) and isinstance(x, int | np.integer) and 0 <= int(x) < self.n_nodes
@@ -396,7 +548,31 @@ class PlacementModel:
         return np.asarray(bw.reshape(a.shape), dtype=np.float64)
 
     def _evaluate(self, sigmas: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
-        """(pipeline, all-reduce, edge-slow count) of each permutation row of `sigmas`."""
+        """(pipeline, all-reduce, edge-slow count) of each permutation row of `sigmas`; the pipeline under the
+        current split, or with `rebalance` under each row's best split."""
+        tau, allreduce, edge_slow = self._stage_times(sigmas)
+        t = tau.max(axis=1)  # (K, dp)
+        if self.rebalance:
+            pipeline = min_makespan(t, tau.sum(axis=1) - t, self.total, self._caps())
+        else:
+            pipeline = (self._m[None, :] * t + tau.sum(axis=1) - t).max(axis=1)
+        return pipeline, allreduce, edge_slow
+
+    def pace(self, sigma: Sequence[int] | IntArray) -> tuple[FloatArray, FloatArray]:
+        """``(t_d, o_d)`` of each replica under the permutation `sigma`: the bottleneck stage's time per
+        micro-batch and the fill and drain (as :mod:`failslow.plan.pace` defines them)."""
+        tau = self._stage_times(np.asarray(sigma, dtype=np.int64)[None, :])[0][0]
+        t = tau.max(axis=0)
+        return np.asarray(t, dtype=np.float64), np.asarray(tau.sum(axis=0) - t, dtype=np.float64)
+
+    def split(self, sigma: Sequence[int] | IntArray) -> Rebalance:
+        """The best micro-batch split under the permutation `sigma`, exactly
+        (:func:`failslow.plan.microbatch.rebalance` on its ``t_d`` with offsets ``o_d``)."""
+        t, o = self.pace(sigma)
+        return solve_split(t, self.total, 1, None if self.upper is None else list(self.upper), offsets=o)
+
+    def _stage_times(self, sigmas: IntArray) -> tuple[FloatArray, FloatArray, FloatArray]:
+        """(tau (K, pp, dp), all-reduce, edge-slow count) of each permutation row of `sigmas`."""
         lay, prm = self.layout, self.params
         k = sigmas.shape[0]
         pp, dp, tp = lay.pp, lay.dp, lay.tp
@@ -414,8 +590,6 @@ class PlacementModel:
             tau = tau.copy()
             tau[:, :-1] += hop
             tau[:, 1:] += hop
-        t = tau.max(axis=1)
-        pipeline = (self._m[None, :] * t + tau.sum(axis=1) - t).max(axis=1)
         allreduce = np.zeros(k)
         if dp > 1:
             ring = g.transpose(0, 1, 3, 2)  # (K, pp, tp, dp)
@@ -430,7 +604,7 @@ class PlacementModel:
         if pp > 2:
             edge = (self._stage_of == 0) | (self._stage_of == pp - 1)
             edge_slow = ((factor > 1.0) & edge[None, :]).sum(axis=1).astype(np.float64)
-        return pipeline, allreduce, edge_slow
+        return tau, allreduce, edge_slow
 
     def times(self, sigmas: IntArray) -> FloatArray:
         """Predicted iteration time of each permutation (rows of `sigmas`), in batches."""
@@ -449,8 +623,9 @@ class PlacementModel:
         sigma = self.identity if placement is None else self.sigma_of(placement)
         pipe, ar, _ = self._evaluate(sigma[None, :])
         oh = self.params.overhead_s
+        counts = self.split(sigma).counts if self.rebalance else None
         return IterationTime(total_s=float(oh + pipe[0] + ar[0]), pipeline_s=float(pipe[0]),
-                             allreduce_s=float(ar[0]), overhead_s=oh)
+                             allreduce_s=float(ar[0]), overhead_s=oh, counts=counts)
 
     def with_params(self, params: PlacementParams) -> PlacementModel:
         """The same hardware under other parameters."""
@@ -468,13 +643,16 @@ class PlacementModel:
     def calibrate(self, iteration_s: float) -> PlacementModel:
         """This model with its free scale fitted so that the current placement predicts `iteration_s`.
 
-        Scales the base compute and the overhead by one factor (see the module docstring).
+        Scales the base compute and the overhead by one factor (see the module docstring). The measured time
+        is the job's under its current split, so the fit is too, also for a model that rebalances.
 
         Raises:
             InputError: `iteration_s` not positive and finite.
         """
         if isinstance(iteration_s, bool) or not (iteration_s > 0 and math.isfinite(iteration_s)):
             raise InputError(f"topology plan: iteration time must be positive, got {iteration_s!r}")
+        if self.rebalance:
+            return self.with_rebalance(False).calibrate(iteration_s).with_rebalance(True)
         prm = self.params
 
         def scaled(a: float) -> PlacementModel:
@@ -527,6 +705,9 @@ class PlacementModel:
         if hops:
             traffic.append(f"{hops} PP hop{'s' if hops > 1 else ''}")
         where = "stage " + ",".join(str(s) for s in stages)
+        if self.rebalance:  # the split follows the replicas, so say which one the node serves
+            replicas = sorted({int(self._replica_of[r]) for r in mine})
+            where = "replica " + ",".join(str(d) for d in replicas) + ", " + where
         return f"{where} ({' + '.join(traffic) if traffic else 'no inter-node traffic'})"
 
     def path_role(self, sigma: IntArray, a: int, b: int) -> str:
@@ -586,29 +767,55 @@ def _link_moves(model: PlacementModel) -> list[tuple[IntArray, str]]:
     return out
 
 
+def _units_of(model: PlacementModel, coord: IntArray, size: int) -> list[list[int]]:
+    """The units (nodes now) wholly inside each of `size` groups given each rank's group `coord` (a unit
+    spanning several belongs to none: it cannot be moved into one)."""
+    units: list[list[int]] = [[] for _ in range(size)]
+    for u in range(model.n_nodes):
+        groups = set(coord[model.placement == u].tolist())
+        if len(groups) == 1:
+            units[groups.pop()].append(u)
+    return units
+
+
 def _consolidations(model: PlacementModel) -> list[tuple[IntArray, str]]:
-    """The slow nodes gathered into ceil(k / nodes per stage) stages, interior stages first."""
+    """The slow nodes gathered into ceil(k / nodes per stage) stages, interior stages first; when the model
+    rebalances, also into ceil(k / nodes per replica) DP replicas (pipelines), which S2 can then unload."""
     lay = model.layout
     slow = [int(x) for x in np.flatnonzero((model.slot_factor > 1.0).any(axis=1))]
-    if not slow or lay.pp < 2:
+    if not slow:
         return []
-    # units of each stage (a unit spanning several stages belongs to none: it cannot be moved into one)
-    stage_units: list[list[int]] = [[] for _ in range(lay.pp)]
-    for u in range(model.n_nodes):
-        stages = set(model._stage_of[model.placement == u].tolist())
-        if len(stages) == 1:
-            stage_units[stages.pop()].append(u)
-    per_stage = min(len(s) for s in stage_units)
-    if per_stage == 0:
-        return []
-    need = math.ceil(len(slow) / per_stage)
-    if need >= lay.pp:
-        return []
-    combos = sorted(itertools.combinations(range(lay.pp), need),
-                    key=lambda c: (sum(s in (0, lay.pp - 1) for s in c), c))[:16]
+    out: list[tuple[IntArray, str]] = []
+    if lay.pp > 1:
+        stage_units = _units_of(model, model._stage_of, lay.pp)
+        edge = (0, lay.pp - 1)
+        combos = [] if min(len(s) for s in stage_units) == 0 else sorted(
+            itertools.combinations(range(lay.pp), math.ceil(len(slow) / min(len(s) for s in stage_units))),
+            key=lambda c: (sum(s in edge for s in c), c))
+        out += _gather(model, slow, stage_units, [c for c in combos if len(c) < lay.pp][:16], "stage(s)")
+    if model.rebalance and lay.dp > 1:
+        replica_units = _units_of(model, model._replica_of, lay.dp)
+        if min(len(r) for r in replica_units) > 0:
+            need = math.ceil(len(slow) / min(len(r) for r in replica_units))
+            # replicas already holding the most slow nodes first: the fewest moves
+            held = [sum(int(model.identity[u]) in slow for u in units) for units in replica_units]
+            combos = sorted((c for c in itertools.combinations(range(lay.dp), need) if need < lay.dp),
+                            key=lambda c: (-sum(held[d] for d in c), c))
+            # inside a replica, slow nodes go to interior stages first
+            stage_of_unit = {u: s for s, units in enumerate(_units_of(model, model._stage_of, lay.pp)) for u in units}
+            for units in replica_units:
+                units.sort(key=lambda u: (stage_of_unit.get(u, -1) in (0, lay.pp - 1), u))
+            out += _gather(model, slow, replica_units, combos[:16], "replica")
+    return out
+
+
+def _gather(model: PlacementModel, slow: list[int], group_units: list[list[int]],
+            combos: Sequence[tuple[int, ...]], label: str) -> list[tuple[IntArray, str]]:
+    """For each combination of groups, the permutation that moves the `slow` nodes onto those groups' units
+    with the fewest swaps (slow nodes already there stay), with its reason."""
     out: list[tuple[IntArray, str]] = []
     for combo in combos:
-        slots = [u for s in combo for u in stage_units[s]]  # units whose node will be a slow one
+        slots = [u for s in combo for u in group_units[s]]  # units whose node will be a slow one
         sigma = model.identity.copy()
         # slow nodes already on a target unit stay; the others take the remaining target units' places
         placed = {int(sigma[u]) for u in slots} & set(slow)
@@ -619,7 +826,7 @@ def _consolidations(model: PlacementModel) -> list[tuple[IntArray, str]]:
             u = free.pop(0)
             sigma = _swap(sigma, node, int(sigma[u]))
         if not np.array_equal(sigma, model.identity):
-            out.append((sigma, f"consolidate {len(slow)} slow node(s) into stage(s) {','.join(map(str, combo))}"))
+            out.append((sigma, f"consolidate {len(slow)} slow node(s) into {label} {','.join(map(str, combo))}"))
     return out
 
 
@@ -667,7 +874,8 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
                   slow_links: Mapping[LinkKey, float] | None = None,
                   params: PlacementParams | None = None, iteration_s: float | None = None,
                   healthy_s: float | None = None, min_gain: float = 0.03,
-                  max_candidates: int = 16) -> TopologyPlan:
+                  max_candidates: int = 16, rebalance: bool = False,
+                  microbatch_upper: int | Sequence[int] | None = None) -> TopologyPlan:
     """Score node permutations of a job and choose the one to restart with (FALCON's S3).
 
     Args:
@@ -686,12 +894,18 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
             slow placement as well as the moves).
         min_gain: Smallest relative gain over the current placement worth a move.
         max_candidates: Most candidates listed (the chosen one is always among them).
+        rebalance: Score every placement, the current one included, under its own best micro-batch split of
+            the same total (the move followed by S2); each candidate then carries its split (``counts``) and
+            a move must beat S2 alone on the current placement. Calibration still fits the current split.
+        microbatch_upper: With `rebalance`, most micro-batches a replica may take (memory): one bound for all
+            or one per replica.
 
     Returns:
         The plan: the candidates best first, the chosen one or None with the reason.
 
     Raises:
-        InputError: invalid layout, placement, slowness, parameters or `min_gain` outside [0, 1).
+        InputError: invalid layout, placement, slowness, parameters, upper bounds or `min_gain` outside
+            [0, 1).
     """
     if isinstance(min_gain, bool) or not isinstance(min_gain, int | float) or not 0 <= min_gain < 1:
         raise InputError(f"topology plan: min_gain must be in [0, 1), got {min_gain!r}")
@@ -699,10 +913,12 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
         raise InputError(f"topology plan: max_candidates must be a positive integer, got {max_candidates!r}")
     if healthy_s is not None:
         params = PlacementModel(layout, placement, params=params).calibrate(healthy_s).params
-    model = PlacementModel(layout, placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params)
+    model = PlacementModel(layout, placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
+                           rebalance=rebalance, microbatch_upper=microbatch_upper)
     if iteration_s is not None and healthy_s is None:
         model = model.calibrate(iteration_s)
     current = model.time()
+    as_is_s = model.with_rebalance(False).time().total_s if model.rebalance else None
     generated = _link_moves(model) + _consolidations(model)
     if model.n_nodes <= EXHAUSTIVE_MAX_NODES:
         method = f"exhaustive ({math.factorial(model.n_nodes)} placements)"
@@ -735,8 +951,14 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
     # exact ties: fewer moved nodes first, then the search's pick (it also weighed edge stages)
     cands.sort(key=lambda c: (round(c.predicted_s, 12), len(c.moved), c.source != "search", c.placement))
     listed = cands[:max_candidates]
-    best = cands[0] if cands else None
+    if model.rebalance:  # the exact split of each listed placement (the search scored it on the makespan)
+        listed = [replace(c, counts=model.split(model.sigma_of(c.placement)).counts) for c in listed]
+    best = listed[0] if listed else None
     now_s = current.total_s
+    # with rebalance, "now" is the current placement with its best split: what S2 alone would reach
+    now = (f"{now_s:.3f} s with S2 alone (current placement, best split {list(current.counts or ())}; "
+           f"{as_is_s:.3f} s as is)" if as_is_s is not None else f"{now_s:.3f} s now")
+    split = f" with micro-batches {list(best.counts)}" if best is not None and best.counts is not None else ""
     if best is None:
         chosen = None
         if model.n_nodes == 1:
@@ -744,17 +966,18 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
         elif not model.suspects():
             reason = "nothing is slow: every placement predicts the same iteration time"
         else:
-            reason = f"the current placement is already the best ({now_s:.3f} s)"
+            reason = f"the current placement is already the best ({now})"
     elif best.predicted_s > (1.0 - min_gain) * now_s:
         chosen = None
-        reason = (f"no placement beats the current one by {min_gain:.0%}: best {best.predicted_s:.3f} s vs "
-                  f"{now_s:.3f} s now ({1 - best.predicted_s / now_s:.1%})")
+        reason = (f"no placement beats the current one by {min_gain:.0%}: best {best.predicted_s:.3f} s{split} "
+                  f"vs {now} ({1 - best.predicted_s / now_s:.1%})")
     else:
         chosen = best
-        reason = (f"predicted {best.predicted_s:.3f} s vs {now_s:.3f} s now "
+        reason = (f"predicted {best.predicted_s:.3f} s{split} vs {now} "
                   f"({1 - best.predicted_s / now_s:.1%} faster), moving node(s) {', '.join(map(str, best.moved))}")
     return TopologyPlan(current_s=now_s, current=current, candidates=tuple(listed), chosen=chosen, reason=reason,
-                        method=method, evaluated=evaluated, min_gain=float(min_gain), params=model.params)
+                        method=method, evaluated=evaluated, min_gain=float(min_gain), params=model.params,
+                        rebalance=model.rebalance, as_is_s=as_is_s)
 
 
 #: Compute slowdown assumed for a compute suspect whose factor the pace model cannot tell.

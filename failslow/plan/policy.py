@@ -181,11 +181,16 @@ class EventView:
 
 @dataclass(frozen=True)
 class TopologyOption:
-    """A placement the S3 planner scored: node of each rank and its predicted iteration time."""
+    """A placement the S3 planner scored: node of each rank and its predicted iteration time.
+
+    `counts`, when set, is the micro-batch split per DP replica the prediction assumes (the planner scored the
+    placement under its own best split): the move pays only with that split applied at the restart.
+    """
 
     placement: tuple[int, ...]
     predicted_s: float
     why: str = ""
+    counts: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -371,8 +376,12 @@ def candidate(strategy: str, event: EventView, job: JobView, costs: Costs) -> Ca
         if not job.topology:
             return Candidate(strategy, cost_s=cost, why="no placement scored better than the current one")
         best = min(job.topology, key=lambda o: o.predicted_s)
-        return Candidate(strategy, {"placement": list(best.placement), "why": best.why},
-                         predicted_s=best.predicted_s, cost_s=cost, formed=True)
+        params: dict[str, Any] = {"placement": list(best.placement), "why": best.why}
+        if best.counts is not None:  # the move pays with this split applied at the restart
+            params["counts"] = [int(c) for c in best.counts]
+            if job.microbatches is not None:
+                params["from"] = list(job.microbatches)
+        return Candidate(strategy, params, predicted_s=best.predicted_s, cost_s=cost, formed=True)
     if strategy == "restart":
         exclude = bad_nodes(event.suspects, job.placement, job.nodes)
         if not exclude:

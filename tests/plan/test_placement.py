@@ -6,7 +6,9 @@ import itertools
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -229,3 +231,163 @@ def test_calibration_on_the_healthy_pace_predicts_the_slow_placement_and_the_mov
     again = plan_topology(lay, [0, 1, 2, 3], slow_links={(0, 1): 0.001}, params=prm, healthy_s=0.4,
                           iteration_s=9.0)
     assert again.current_s == pytest.approx(plan.current_s)
+
+
+# --- scoring under each placement's best micro-batch split (rebalance=True) --------------------------------
+
+
+def _brute_force_with_splits(lay: Layout, slow_ranks: dict[int, float], params: PlacementParams,
+                             total: int) -> tuple[float, tuple[int, ...], tuple[int, int]]:
+    """Every node permutation x every split (m0, total - m0) of a DP2 job, scored under that fixed split."""
+    best = (np.inf, (), (0, 0))
+    for m0 in range(1, total):
+        split = (m0, total - m0)
+        model = PlacementModel(lay, slow_ranks=slow_ranks, params=replace(params, microbatches=split))
+        for perm in itertools.permutations(range(lay.num_nodes)):
+            placement = tuple(perm[u] for u in model.placement)
+            t = model.time(placement).total_s
+            if t < best[0]:
+                best = (t, placement, split)
+    return best
+
+
+def test_rebalance_consolidates_stragglers_spread_over_replicas_into_one() -> None:
+    # DP2 x PP2, a node per rank; slow GPUs under rank 1 (stage 0, replica 1) and rank 2 (stage 1, replica 0):
+    # both replicas are slow, S2 alone cannot help, and no move helps under the even split
+    lay = Layout(dp=2, pp=2, ranks_per_node=1)
+    prm = PlacementParams(microbatches=4)
+    slow = {1: 3.0, 2: 3.0}
+    plain = plan_topology(lay, slow_ranks=slow, params=prm)
+    assert plain.chosen is None and "beats the current" in plain.reason
+    assert all(c.counts is None for c in plain.candidates) and "rebalance" not in plain.to_json()
+
+    plan = plan_topology(lay, slow_ranks=slow, params=prm, rebalance=True)
+    assert plan.rebalance and plan.as_is_s == pytest.approx(plain.current_s)
+    assert plan.current.counts == (4, 4) and plan.current_s == pytest.approx(plain.current_s)  # S2 alone: nothing
+    assert plan.chosen is not None and plan.chosen.counts is not None
+    # both slow GPUs now serve one replica, which S2 then unloads
+    replicas = {lay.coords(r).dp for r, n in enumerate(plan.chosen.placement) if n in (1, 2)}
+    assert len(replicas) == 1
+    slow_replica = replicas.pop()
+    assert sum(plan.chosen.counts) == 8 and plan.chosen.counts[slow_replica] < plan.chosen.counts[1 - slow_replica]
+    assert plan.chosen.predicted_s <= 0.7 * plan.current_s
+    assert "S2 alone" in plan.reason and str(list(plan.chosen.counts)) in plan.reason
+    assert any(c.source == "consolidate" and "into replica" in c.why for c in plan.candidates)
+    # brute force: all 24 permutations x all 7 splits of M = 8, each scored by the plain model
+    brute_s, _, _ = _brute_force_with_splits(lay, slow, prm, 8)
+    assert plan.chosen.predicted_s == pytest.approx(brute_s, rel=1e-12)
+    # the chosen placement under its split, scored by the plain model, is what the plan predicts
+    fixed = PlacementModel(lay, slow_ranks=slow, params=replace(prm, microbatches=plan.chosen.counts))
+    assert fixed.time(plan.chosen.placement).total_s == pytest.approx(plan.chosen.predicted_s, rel=1e-12)
+    # the split travels to the ski-rental planner, and into the JSON
+    opt = plan.options()[0]
+    assert opt.placement == plan.chosen.placement and opt.counts == plan.chosen.counts
+    doc = plan.to_json()
+    assert doc["chosen"]["counts"] == list(plan.chosen.counts) and doc["current"]["counts"] == [4, 4]
+    assert doc["rebalance"] is True and doc["as_is_s"] == pytest.approx(plain.current_s)
+
+
+def test_rebalance_listed_candidates_agree_with_the_exact_solver() -> None:
+    from failslow.plan.microbatch import rebalance
+
+    lay = Layout(dp=3, pp=2, ranks_per_node=1)
+    prm = PlacementParams(microbatches=(3, 4, 5))
+    slow = {0: 2.0, 3: 1.7, 5: 2.6}
+    plan = plan_topology(lay, slow_ranks=slow, slow_links={(1, 4): 0.3}, params=prm, rebalance=True,
+                         min_gain=0.0)
+    model = PlacementModel(lay, slow_ranks=slow, slow_links={(1, 4): 0.3}, params=prm, rebalance=True)
+    assert plan.candidates
+    for c in plan.candidates:
+        sigma = model.sigma_of(c.placement)
+        t, o = model.pace(sigma)
+        exact = rebalance(t, 12, offsets=o)
+        assert c.counts == exact.counts
+        vec = float(model.times(sigma[None, :])[0])
+        plain = PlacementModel(lay, slow_ranks=slow, slow_links={(1, 4): 0.3},
+                               params=replace(prm, microbatches=exact.counts))
+        assert vec == pytest.approx(plain.time(c.placement).total_s, rel=1e-12)
+        assert model.time(c.placement).counts == exact.counts
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_vectorised_makespan_search_matches_the_exact_solver(seed: int) -> None:
+    from failslow.plan.microbatch import rebalance
+    from failslow.plan.placement import min_makespan
+
+    rng = np.random.default_rng(100 + seed)
+    for dp in (1, 2, 3, 5, 8):
+        rows, pp = 40, int(rng.integers(1, 5))
+        # per-stage times as the placement model builds them, some stragglers, some replicas tied
+        tau = rng.uniform(0.01, 1.0, (rows, pp, dp)) * np.where(rng.random((rows, pp, dp)) < 0.2, 4.0, 1.0)
+        tau[:10] = np.round(tau[:10], 1) + 0.1
+        t = tau.max(axis=1)
+        o = tau.sum(axis=1) - t
+        total = int(rng.integers(dp, 6 * dp + 2))
+        cap = None
+        if seed == 2:  # per-replica upper bounds, leaving room for the total
+            bounds = rng.integers(1, total + 1, dp)
+            while int(np.minimum(bounds, total).sum()) < total:
+                bounds[int(rng.integers(dp))] += 1
+            cap = bounds
+        room = total - dp + 1
+        vec = min_makespan(t, o, total, None if cap is None else np.minimum(cap, room).astype(np.float64))
+        for i in range(rows):
+            exact = rebalance(t[i], total, 1, None if cap is None else [int(x) for x in cap], offsets=o[i])
+            assert vec[i] == exact.makespan, (dp, total, i)
+
+
+def test_rebalance_refuses_when_s2_alone_on_the_current_placement_is_as_good() -> None:
+    # one slow GPU: S2 unloads its replica; a move adds nothing to that
+    lay = Layout(dp=2, pp=2, ranks_per_node=1)
+    prm = PlacementParams(microbatches=4)
+    plan = plan_topology(lay, slow_ranks={3: 3.0}, params=prm, rebalance=True)
+    assert plan.chosen is None and plan.options() == ()
+    assert "beats the current" in plan.reason and "S2 alone" in plan.reason
+    assert plan.current.counts is not None and plan.current.counts[1] < plan.current.counts[0]
+    assert plan.as_is_s is not None and plan.current_s < 0.8 * plan.as_is_s
+    # scored under the even split instead, the slow replica looks the same wherever it goes: refused too
+    assert plan_topology(lay, slow_ranks={3: 3.0}, params=prm).chosen is None
+
+
+def test_rebalance_respects_upper_bounds_and_calibrates_on_the_current_split() -> None:
+    lay = Layout(dp=2, pp=2, ranks_per_node=1)
+    prm = PlacementParams(microbatches=4)
+    slow = {1: 3.0, 2: 3.0}
+    plan = plan_topology(lay, slow_ranks=slow, params=prm, rebalance=True, microbatch_upper=5)
+    assert plan.chosen is not None and plan.chosen.counts is not None and max(plan.chosen.counts) <= 5
+    free = plan_topology(lay, slow_ranks=slow, params=prm, rebalance=True)
+    assert free.chosen is not None and plan.chosen.predicted_s >= free.chosen.predicted_s
+    # the measured time is the job's under its current split: the calibration fits that, not the best split
+    cal = plan_topology(lay, slow_ranks=slow, params=prm, rebalance=True, iteration_s=3.0)
+    assert cal.as_is_s == pytest.approx(3.0, rel=1e-6) and cal.current_s <= 3.0 * (1 + 1e-9)
+    for bad, match in ((0, "bound >= 1"), ((3, 3), "no room"), ((5, 5, 5), "one per DP replica"),
+                       ("x", "integers")):
+        with pytest.raises(InputError, match=match):
+            plan_topology(lay, slow_ranks=slow, params=prm, rebalance=True, microbatch_upper=bad)  # type: ignore[arg-type]
+
+
+def test_rebalance_keeps_the_plain_plan_unchanged_when_off() -> None:
+    lay = Layout(dp=2, pp=3, ranks_per_node=1)
+    kw: dict[str, Any] = {"slow_ranks": {1: 2.0, 4: 1.5}, "slow_links": {(0, 3): 0.2}, "min_gain": 0.0}
+    a = plan_topology(lay, **kw)
+    b = plan_topology(lay, rebalance=False, **kw)
+    assert a.to_json() == b.to_json()
+    assert "counts" not in json.dumps(a.to_json()) and a.as_is_s is None
+    assert all(o.counts is None for o in a.options())
+
+
+def test_cli_rebalance_flag() -> None:
+    base = [FAILSLOW, "plan", "topology", "--layout", "dp=2,pp=2", "--ranks-per-node", "1", "--slow-rank", "1=3",
+            "--slow-rank", "2=3", "--micro-batches", "4"]
+    plain = subprocess.run(base, capture_output=True, text=True, check=False)
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout)["chosen"] is None
+    out = subprocess.run([*base, "--rebalance", "--micro-batch-upper", "6"], capture_output=True, text=True,
+                         check=False)
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["rebalance"] is True and doc["current"]["counts"] == [4, 4]
+    assert doc["chosen"]["counts"] == [6, 2] or doc["chosen"]["counts"] == [2, 6]
+    assert all("counts" in c for c in doc["candidates"]) and "S2 alone" in doc["reason"]
+    bad = subprocess.run([*base, "--micro-batch-upper", "6"], capture_output=True, text=True, check=False)
+    assert bad.returncode == 2 and "--rebalance" in bad.stderr
