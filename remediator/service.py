@@ -100,13 +100,15 @@ def _named(suspects: tuple[Suspect, ...], nodes: Sequence[str]) -> tuple[Suspect
 
 def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: PaceModel | None,
               pace: float | None, validated: dict[str, Any] | None = None,
-              healthy: float | None = None) -> tuple[TopologyOption, ...]:
+              healthy: float | None = None, rebalance: bool = False) -> tuple[TopologyOption, ...]:
     """S3 placements for the planner: the suspects' slowness scored by the topology planner (empty when the
     job's shape is unknown, nothing is suspected, or the plan refused).
 
     Once a validation measured the links (`validated`: the nodes it convicted and the slow paths between
     nodes it did not), those replace the detector's link suspects: a path is moved, not a whole NIC guessed.
-    The planner's model is calibrated on the healthy pace when it is known, else on the pace now.
+    The planner's model is calibrated on the healthy pace when it is known, else on the pace now. With
+    `rebalance` (the adapter can also set the split) every placement is scored under its own best micro-batch
+    split, which the topology action then applies: slow GPUs gathered into one replica pay only that way.
     """
     if validated is not None:
         suspects = (*(s for s in suspects if s.kind != "link"),
@@ -125,7 +127,8 @@ def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: Pac
             return ()
         params = _placement_params(info, validated)
         plan = plan_topology(layout, info.placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
-                             iteration_s=pace, healthy_s=healthy)
+                             iteration_s=pace, healthy_s=healthy,
+                             rebalance=rebalance and bool(info.microbatches))
     except InputError as exc:
         log.info("job %s: no topology plan: %s", job, exc)
         return ()
@@ -419,7 +422,8 @@ class Remediator:
         if adapter is not None and info is not None and "topology" in view.capabilities:
             found = _named(_suspects(ev.get("suspects") or []) if suspects is None else suspects, info.nodes)
             view = replace(view, topology=await asyncio.to_thread(_topology, job, info, found, model, pace,
-                                                                  ev.get("validated_links"), healthy))
+                                                                  ev.get("validated_links"), healthy,
+                                                                  "rebalance" in view.capabilities))
         return view, upd, await self._costs(adapter), actions, adapter
 
     async def _healthy_overhead(self, job: str, onset: float, healthy: float,
@@ -640,7 +644,7 @@ class Remediator:
             if cost is not None:
                 await self.store.mutate_event(action["event_id"],
                                               lambda d: {**d, "spent_s": float(d.get("spent_s") or 0.0) + cost})
-            if outcome.ok and strategy == "rebalance":
+            if outcome.ok and (strategy == "rebalance" or (action.get("params") or {}).get("counts")):
                 await self._remember_split(action)
 
     async def _remember_split(self, action: dict[str, Any]) -> None:

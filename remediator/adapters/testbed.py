@@ -17,7 +17,7 @@ path the S3 planner can move), plus ``cleared_ranks``, ``cleared_nodes`` and the
 ``compute`` and ``links``; ``pause_s`` is the measured extra iteration time the tests cost, ``iterations_lost`` 0. Thresholds:
 :mod:`failslow.plan.validate`), ``rebalance`` (the split applies at a near-future iteration boundary, the global batch and so
 the gradient unchanged: no pause), ``topology`` (checkpoint, stop, restart with the given rank-to-node
-placement) and ``restart`` (S4: the same, without the excluded nodes — ``exclude_nodes``, plus the nodes of
+placement; with ``counts``, the split the placement was scored with from the first boundary after it) and ``restart`` (S4: the same, without the excluded nodes — ``exclude_nodes``, plus the nodes of
 ``exclude_ranks``). A job started with ``--spare-nodes N`` has idle nodes (the ``status`` answer's
 ``spare_nodes``): each excluded node's ranks then move, all together, onto a spare of their own
 (:func:`onto_spares`), so TP groups stay on one node and the traffic pattern is the one the job had; only
@@ -186,6 +186,10 @@ class Adapter:
             else:
                 placement, extra = self._exclude(before, p)
             resumed = self._request("restart", request.id, placement=placement)
+            counts = [int(c) for c in p.get("counts") or []] if request.strategy == "topology" else []
+            if counts:  # the split the placement was scored with, from the first boundary after the restart
+                frm = self._request("set_microbatches", f"{request.id}-split", counts=counts)
+                extra = {**extra, "counts": counts, "counts_from_iteration": frm}
             return self._after_restart(request, before, placement, int(resumed), extra)
         raise AdapterError(f"the testbed adapter cannot {request.strategy}")
 

@@ -74,3 +74,28 @@ def test_the_jobs_traffic_and_the_measured_link_bandwidth_drive_the_prediction()
     # calibrated on the healthy pace instead (0.378 s before the onset): the move is predicted to restore it
     opts = _topology("j", info, (Suspect("link", None, "node0"),), None, 4.2, found, 0.378)
     assert opts and abs(opts[0].predicted_s - 0.378) < 0.01, opts[0]
+
+
+
+def test_slow_gpus_in_both_replicas_are_gathered_with_the_split_the_move_needs() -> None:
+    from failslow.plan.policy import Costs, EventView, JobView, candidate
+
+    # DP2xPP2, one rank per node: rank 1 (replica 1, stage 0) and rank 2 (replica 0, stage 1) on slow GPUs
+    info = JobInfo(layout={"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 1}, placement=[0, 1, 2, 3],
+                   nodes=["node0", "node1", "node2", "node3"], microbatches=[4, 4])
+    sus = (Suspect("compute", 1), Suspect("compute", 2))
+    # every replica is slow and stays slow under any placement with the even split: no move pays
+    assert _topology("j", info, sus, None, 2.0, None, 1.0) == ()
+    opts = _topology("j", info, sus, None, 2.0, None, 1.0, rebalance=True)
+    assert opts and opts[0].counts is not None and sum(opts[0].counts) == 8
+    best = opts[0]
+    nodes_of_slow = {1, 2}  # the slow GPUs stay with their nodes: both must now serve one replica
+    replica_of = {r: r % 2 for r in range(4)}  # Megatron order, DP2xPP2: rank = stage * 2 + replica
+    holders = {replica_of[r] for r in range(4) if best.placement[r] in nodes_of_slow}
+    assert len(holders) == 1, best
+    slow_replica = holders.pop()
+    assert best.counts[slow_replica] < best.counts[1 - slow_replica], best
+    # the topology action carries the split and the one it replaces
+    view = JobView(now=100.0, pace_s=2.0, healthy_s=1.0, microbatches=(4, 4), topology=opts)
+    c = candidate("topology", EventView(job="j", onset_ts=0.0, firing=True, suspects=sus), view, Costs())
+    assert c.params["counts"] == list(best.counts) and c.params["from"] == [4, 4]
