@@ -50,6 +50,7 @@ from failslow.plan.policy import (
     recovered,
     restore,
     signature,
+    verdict_for,
 )
 from failslow.topology import Layout
 from remediator.adapters import build
@@ -451,10 +452,18 @@ class Remediator:
                   and now - a["ended_at"] >= policy.cooldown_s and view.pace_s is not None):
                 await self._judge(a, view.pace_s)
         actions = await self.store.get_actions(ev.get("actions") or [])
+        if any(a["strategy"] == "validate" and a.get("ended_at") for a in actions):
+            # a validation's verdict lands on the event before its action ends: one that ended after this pass
+            # read the event left a verdict the pass has not seen (nor scored S3 with): plan again with it
+            fresh = await self.store.get_event(ev["id"])
+            if fresh is not None and any(fresh.get(k) != ev.get(k) for k in ("validated", "validated_links")):
+                self.kick(job)
+                return Decision("ignore", "a validation's verdict landed during planning: planning again", wait=True)
+        suspects = _named(_suspects(ev.get("suspects") or []), view.nodes)
         ev_view = EventView(job=job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
-                            suspects=_named(_suspects(ev.get("suspects") or []), view.nodes),
-                            lost_s=float(upd["lost_s"]),
-                            validated=ev.get("validated"), actions=_past(actions, not self.auto))
+                            suspects=suspects, lost_s=float(upd["lost_s"]),
+                            validated=verdict_for(ev.get("validated"), ev.get("validated_targets"), suspects),
+                            actions=_past(actions, not self.auto))
         memory = await self.store.job_memory(job)
         view = replace(view, ineffective=frozenset(s for s, u in (memory.get("ineffective") or {}).items() if u > now))
         close = self._close_reason(ev, view, upd, now)
@@ -607,6 +616,7 @@ class Remediator:
             # the verdict lands on the event before the action reads as ended: a plan in between would see a
             # finished validation and no verdict, and validate again
             confirmed = bool(outcome.ok and outcome.result.get("confirmed", False))
+            params = action.get("params") or {}
             found = {"nodes": list(outcome.result.get("nodes") or []),
                      "paths": list(outcome.result.get("paths") or []),
                      **({"link_bw_Bps": outcome.result["link_bw_Bps"]} if outcome.result.get("link_bw_Bps") else {})
@@ -614,7 +624,10 @@ class Remediator:
             while True:
                 try:
                     await self.store.mutate_event(action["event_id"],
-                                                  lambda d: {**d, "validated": confirmed, "validated_links": found})
+                                                  lambda d: {**d, "validated": confirmed, "validated_links": found,
+                                                             "validated_targets": {
+                                                                 "ranks": list(params.get("ranks") or []),
+                                                                 "nodes": list(params.get("nodes") or [])}})
                     break
                 except Unavailable as exc:
                     self.metrics.redis_up.set(0)
@@ -765,7 +778,8 @@ class Remediator:
         view, upd, costs, actions, adapter = await self._inputs(ev, now, suspects)
         suspects = _named(suspects, view.nodes)
         ev_view = EventView(job=req.job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
-                            suspects=suspects, lost_s=float(upd["lost_s"]), validated=ev.get("validated"),
+                            suspects=suspects, lost_s=float(upd["lost_s"]),
+                            validated=verdict_for(ev.get("validated"), ev.get("validated_targets"), suspects),
                             actions=_past(actions, not self.auto))
         decision = decide(ev_view, view, costs, self.config.policy, force=req.action)
         await self.store.audit("decision", job=req.job, event=ev["id"],

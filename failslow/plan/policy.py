@@ -352,6 +352,24 @@ def _gate(c: Candidate, pace: float | None, healthy: float | None, remaining_s: 
                    why=f"predicted {c.predicted_s:.3f} s vs {pace:.3f} s now, saving {saving:.1f} s > cost {c.cost_s:.1f} s")
 
 
+def validation_targets(suspects: Sequence[Suspect]) -> dict[str, list[Any]]:
+    """What a validation of `suspects` measures: the compute of the suspect ranks, the links of the link
+    suspects' nodes."""
+    return {"ranks": sorted({s.rank for s in suspects if s.rank is not None}),
+            "nodes": sorted({s.node for s in suspects if s.kind == "link" and s.node})}
+
+
+def verdict_for(validated: bool | None, checked: Mapping[str, Any] | None, suspects: Sequence[Suspect]) -> bool | None:
+    """A validation's verdict while it still covers the suspects: None (validate again) once the detector names
+    a rank or node the validation did not measure (`checked`: its targets; None: unknown, the verdict stands)."""
+    if validated is None or checked is None:
+        return validated
+    now = validation_targets(suspects)
+    covered = set(now["ranks"]) <= set(checked.get("ranks") or []) and \
+        set(now["nodes"]) <= set(checked.get("nodes") or [])
+    return validated if covered else None
+
+
 def candidate(strategy: str, event: EventView, job: JobView, costs: Costs) -> Candidate:
     """One strategy's parameters and predicted iteration time for this event (ok is decided by the gate).
 
@@ -392,10 +410,9 @@ def candidate(strategy: str, event: EventView, job: JobView, costs: Costs) -> Ca
                          predicted_s=job.healthy_s, cost_s=cost, formed=True,
                          why="" if job.healthy_s is not None else "healthy pace unknown")
     if strategy == "validate":
-        ranks = sorted({s.rank for s in event.suspects if s.rank is not None})
-        nodes = sorted({s.node for s in event.suspects if s.kind == "link" and s.node})
-        return Candidate(strategy, {"ranks": ranks, "nodes": nodes}, cost_s=cost, formed=bool(ranks or nodes),
-                         why="" if ranks or nodes else "no suspect to validate")
+        targets = validation_targets(event.suspects)
+        found = bool(targets["ranks"] or targets["nodes"])
+        return Candidate(strategy, targets, cost_s=cost, formed=found, why="" if found else "no suspect to validate")
     raise InputError(f"unknown strategy {strategy!r}")
 
 
@@ -419,11 +436,6 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
     in_flight = [a for a in event.actions if a.state in IN_FLIGHT and not a.dry_run]
     if in_flight:
         return Decision("ignore", f"{in_flight[-1].strategy} in flight ({in_flight[-1].state})", wait=True)
-    if event.validated is None and any(a.strategy == "validate" and a.state == "succeeded" and not a.dry_run
-                                       for a in event.actions):
-        # the event was read before the validation's verdict landed on it (the service writes the verdict
-        # first, then ends the action): plan again with the verdict rather than validate twice
-        return Decision("ignore", "validation ended; its verdict is not on the event read yet", wait=True)
     if force is None:
         if not event.firing:
             return Decision("ignore", "alert resolved: no new action", wait=True)

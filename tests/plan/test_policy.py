@@ -180,14 +180,22 @@ def test_validation_before_an_expensive_strategy() -> None:
     assert cleared.strategy == "ignore" and any("cleared" in c.why for c in cleared.considered)
     # an adapter that cannot validate: straight to the strategy
     assert decide(ev, job(capabilities=frozenset({"restart"})), COSTS, Policy()).strategy == "restart"
-    # a validation that ended while the event read carries no verdict yet: wait for it, never validate twice
-    ended = replace(ev, actions=(PastAction("validate", "succeeded", ended_at=50.0),))
-    waiting = decide(ended, job(), COSTS, Policy())
-    assert waiting.strategy == "ignore" and waiting.wait and "verdict" in waiting.reason
-    assert decide(replace(ended, validated=True), job(), COSTS, Policy()).strategy == "restart"
     # a failed validation leaves no verdict: validating again is the way to get one
     failed = replace(ev, actions=(PastAction("validate", "failed", ended_at=50.0),))
     assert decide(failed, job(), COSTS, Policy()).strategy == "validate"
+
+
+def test_a_verdict_covers_the_suspects_it_measured_only() -> None:
+    from failslow.plan.policy import validation_targets, verdict_for
+
+    link = (Suspect("link", None, "n0"), Suspect("link", None, "n1"))
+    checked = validation_targets(link)
+    assert checked == {"ranks": [], "nodes": ["n0", "n1"]}
+    assert verdict_for(False, checked, link) is False and verdict_for(True, checked, link[:1]) is True
+    # the detector now names a rank the link validation never benchmarked: validate again
+    assert verdict_for(False, checked, (*link, Suspect("compute", 6))) is None
+    assert verdict_for(True, None, (Suspect("compute", 6),)) is True  # targets unknown: the verdict stands
+    assert verdict_for(None, checked, link) is None
 
 
 def test_rejected_strategy_is_not_planned_again_in_the_event() -> None:
