@@ -1,10 +1,11 @@
-"""Throughput prediction: accuracy against the measured testbed sweep, and model speed.
+"""Throughput prediction: accuracy against measured testbed sweeps, and model speed.
 
-Accuracy is recomputed from data: the profile and the measured throughput saved by
-`python -m testbed.dparch.measure` in docs/data/predict-measured.json are fed to today's models, and
-the table plus docs/predict-accuracy.png are written from that. Speed is measured in this run: the
-fine-grained simulation of 8 workers × 100 steps × 50 layers, and one coarse-model evaluation, with
-the simulation as the peer of the closed forms and exact MVA as the peer of Bard–Schweitzer.
+Accuracy is recomputed from data: the single-worker profiles and the measured throughput that
+`python -m testbed.dparch.measure` saved in docs/data/ (what each file is: docs/data/MANIFEST.md) are
+fed to the current models, and the tables plus docs/predict-accuracy.png are written from that. No
+throughput run is measured here. Speed is measured in this run: the fine-grained simulation of
+8 workers × 100 steps × 50 layers, and one coarse-model evaluation, with the simulation as the peer of
+the closed forms and exact MVA as the peer of Bard–Schweitzer.
 """
 
 from __future__ import annotations
@@ -24,54 +25,47 @@ from failslow.predict.profile import LayerProfile, Profile
 
 TITLE = "Throughput prediction (failslow predict)"
 ROOT = Path(__file__).resolve().parent.parent
-# The sweep the accuracy figures come from: session 3's protocol (session 2's pinned ranks, longer
-# runs and network microbenchmarks, plus profile steps that add up to the measured step wall time and
-# after-transfer samples for PS workers), one quiet-lock hold per architecture, combined. Measured
-# after the last change to the profile and the models, so every figure in it is out of sample.
+# The main sweep: one hold per architecture (nothing else running on the machine), combined; ring from
+# `-9-ring-3`, PS-sync and PS-async from the holds of `-6`.
 DATA = ROOT / "docs" / "data" / "predict-measured-9.json"
-# Session 4: the main sweep's ring hold is the last ring hold taken after the last protocol change (the ring's
-# network microbenchmark in slices, rounds pooled; `-9-ring-3`, the last of three, all listed in the session-4
-# section); the PS architectures keep session 3's holds (their protocol did not change). Session 3's main
-# sweep, all three architectures from its own holds:
-SESSION3_MAIN = ROOT / "docs" / "data" / "predict-measured-6.json"
+# The three-architecture sweep whose ring hold ran the ring's network microbenchmark in one slice before
+# the runs (the PS holds are the same as in DATA); only its ring is evaluated here.
+SWEEP6 = ROOT / "docs" / "data" / "predict-measured-6.json"
+# Sweeps the parameter-server link defaults were chosen on (the σ-free disciplines).
 CALIBRATION = sorted((ROOT / "docs" / "data").glob("predict-calibration-*.json"))
-# Session 2's sweeps (its main sweep and its repeat with its final code), re-predicted with today's
-# models: their profiles have no step wall times or after-transfer samples, so today's models read them
-# exactly as session 2's did.
+# Sweeps whose profiles have no step wall times or after-transfer samples: the models fall back to the
+# per-layer sums and the after-idle samples for them.
 REPEATS = [ROOT / "docs" / "data" / f for f in ("predict-measured-4.json", "predict-measured-5.json")]
-# Session 3's other holds, reported beside the main sweep: the first ring hold (taken before the ring's
-# after-all-reduce profile existed: its K > 1 steps are predicted from the after-idle samples) and a
-# PS-sync hold discarded by the rule fixed before the final holds (more than 10 % of CPU time stolen by
-# the hypervisor over the hold; it had 19.5 %).
+# A hold with more than this share of CPU time stolen by the hypervisor (/proc/stat over the hold) is
+# discarded and repeated.
 STEAL_LIMIT = 0.10
-# The last: a repeat of the final ring hold with the same code, taken right after the main sweep, to
-# show how far the ring's result moves from hold to hold.
+# Single-architecture holds of the `-6` protocol beside the main sweep: a ring hold whose profile has no
+# after-all-reduce samples (K > 1 predicted from after-idle steps), a PS-sync hold over the steal limit, a
+# repeat of the ring hold, and the ring hold of `-6` itself.
 OTHER_HOLDS = [ROOT / "docs" / "data" / f for f in ("predict-measured-6-ring-afteridle.json",
                                                     "predict-measured-6-ps-sync-discarded.json",
                                                     "predict-measured-6-ring-repeat.json",
                                                     "predict-measured-6-ring.json")]
-# Session 3's ring holds whose profiles also time the peer ring member's steps (issue #7: the shared part of
-# the step jitter, which the barrier's max over K must not count). Both out of sample for that change: the
-# first ran while a full test suite (not under the quiet lock) loaded the host, the second right after.
+# Ring holds whose profiles also time the peer ring member's steps (the shared part of the step jitter,
+# which the barrier's max over K must not count); the first ran while another job loaded the host.
 SHARED_HOLDS = [ROOT / "docs" / "data" / f for f in ("predict-measured-7-ring.json", "predict-measured-7-ring-2.json")]
-# Session 4's ring holds (issue #7): every run keeps each step's phases on the shared clock and the
-# net-ring microbenchmark also times the collective with compute-staggered entries. `predict`'s ring model
-# is session 3's (the staggered hop was tried in aa97e3a and reverted in cd89fc6), fixed before all of
-# them, so every hold is out of sample for it; the first one is where the staggered-hop idea came from.
-S4_HOLDS = [(ROOT / "docs" / "data" / f, status) for f, status in (
-    ("predict-measured-8-ring-diag.json", "out of sample; 1 repetition, the staggered idea came from it"),
-    ("predict-measured-8-ring-diag-2.json", "out of sample; 1 repetition"),
-    ("predict-measured-8-ring.json", "out of sample"),
-    ("predict-measured-8-ring-2.json", "out of sample"),
-    ("predict-measured-8-ring-3.json", "out of sample"),
-    ("predict-measured-8-ring-4.json", "out of sample"),
-    ("predict-measured-8-ring-5.json", "out of sample"),
-    ("predict-measured-9-ring.json", "out of sample; microbenchmark in slices (after every repetition)"),
-    ("predict-measured-9-ring-2.json", "out of sample; microbenchmark in slices (after every repetition)"),
-    ("predict-measured-9-ring-3.json", "out of sample; microbenchmark in slices (after every repetition)"),
+# Ring holds whose runs keep every step's phases on the shared clock and whose net-ring microbenchmark
+# also times the collective with compute-staggered entries. The status text is printed; "in slices" marks
+# the holds taken with the microbenchmark in slices, as `testbed.dparch.measure` runs it now.
+RING_HOLDS = [(ROOT / "docs" / "data" / f, status) for f, status in (
+    ("predict-measured-8-ring-diag.json", "1 repetition, one microbenchmark slice"),
+    ("predict-measured-8-ring-diag-2.json", "1 repetition, one microbenchmark slice"),
+    ("predict-measured-8-ring.json", "one microbenchmark slice"),
+    ("predict-measured-8-ring-2.json", "one microbenchmark slice"),
+    ("predict-measured-8-ring-3.json", "one microbenchmark slice"),
+    ("predict-measured-8-ring-4.json", "one microbenchmark slice"),
+    ("predict-measured-8-ring-5.json", "one microbenchmark slice"),
+    ("predict-measured-9-ring.json", "microbenchmark in slices (after every repetition)"),
+    ("predict-measured-9-ring-2.json", "microbenchmark in slices (after every repetition)"),
+    ("predict-measured-9-ring-3.json", "microbenchmark in slices (after every repetition)"),
 )]
-# Session 1's sweeps (old protocol: unpinned, 8-14 steps per run, back-to-back profile), re-predicted
-# with today's models for comparison.
+# Sweeps taken with an earlier protocol (unpinned ranks, 8-14 measured steps per run, back-to-back
+# profile only, busy machine).
 EARLIER = [ROOT / "docs" / "data" / f for f in ("predict-measured.json", "predict-measured-2.json",
                                                   "predict-measured-3.json")]
 PLOT = ROOT / "docs" / "predict-accuracy.png"
@@ -88,8 +82,8 @@ VARIANTS: tuple[tuple[str, str, str | None], ...] = (
     ("ps-async", "coarse", "auto"), ("ps-async", "fine", None), ("ps-async", "fine", "ps"),
     ("ps-async", "fine", "tcp"),
 )
-# What the defaults are (for the table): chosen on the calibration sweeps, evaluated on the test sweep.
-# (PS-sync fine: "ps" on those sweeps, which have no sharing microbenchmark; "tcp" when a profile has one.)
+# The defaults of `failslow predict` when a profile has no sharing σ (the calibration sweeps have none;
+# with one, PS-sync defaults to "tcp"), marked in the selection table.
 DEFAULTS = {("ps-sync", "coarse"): "hybrid", ("ps-sync", "fine"): "ps", ("ps-async", "coarse"): "hybrid",
             ("ps-async", "fine"): "hybrid"}
 SELECTION = (("ps-sync", "coarse", "hybrid"), ("ps-sync", "coarse", "ps"), ("ps-sync", "fine", "hybrid"),
@@ -112,7 +106,7 @@ def _errors(doc: dict[str, Any], arch: str, model: str, link: str | None) -> lis
 
 
 def _ring_errors(doc: dict[str, Any], model: str, shared: bool) -> list[float]:
-    """Ring errors over K; `shared=False` drops the peer's samples (the independent max of before)."""
+    """Ring errors over K; `shared=False` drops the peer's samples (ρ = 0: the independent max)."""
     prof = profile_for(doc, "ring")
     if not shared:
         prof = replace(prof, ring_peer_step_s=np.zeros(0))
@@ -124,7 +118,7 @@ def _ring_errors(doc: dict[str, Any], model: str, shared: bool) -> list[float]:
 
 def shared_jitter_section(main: dict[str, Any]) -> list[str]:
     """Ring errors with the independent max over K and with the shared-jitter max, hold by hold."""
-    holds: list[tuple[str, dict[str, Any], str]] = [("main sweep (`predict-measured-6`)", main, "no peer samples")]
+    holds: list[tuple[str, dict[str, Any], str]] = [("`predict-measured-6` (ring)", main, "no peer samples")]
     for f in OTHER_HOLDS + SHARED_HOLDS:
         if not f.exists():
             continue
@@ -132,17 +126,17 @@ def shared_jitter_section(main: dict[str, Any]) -> list[str]:
         if d["runs"][0]["arch"] != "ring":
             continue
         has_peer = parse_profile(d["profile"]).ring_peer_step_s.size > 0
-        holds.append((f"`{f.stem}`", d, "out of sample" if has_peer else "no peer samples"))
-    lines = ["", "### The ring's shared jitter (issue #7)", "",
+        holds.append((f"`{f.stem}`", d, "peer samples" if has_peer else "no peer samples"))
+    lines = ["", "### The ring's shared jitter", "",
              "The ring's barrier waits for the slowest of K workers. Modelled as step_w = shared + independent_w, "
              "only the independent part widens the max: E[max] = μ + E[max of √(1−ρ)·(X_w − μ)], ρ the share of the "
              "step-time variance all workers have in common. ρ is the correlation of the two profiling ring "
-             "members' step times (the profiling job times the peer's steps since session 3; ranks 0 and 1 are "
-             "pinned to different CPUs). Holds whose profile has no peer samples keep ρ = 0, i.e. exactly the "
-             "independent max of before. *before* = independent max, *after* = shared-jitter max; nothing was "
+             "members' step times (the profiling job times the peer's steps; ranks 0 and 1 are pinned to "
+             "different CPUs). Holds whose profile has no peer samples have ρ = 0, i.e. the independent max. "
+             "*independent* = ρ forced to 0, *shared* = the shared-jitter max `failslow predict` uses; nothing is "
              "fitted to these sweeps. Cells: mean / max |error| over K = 1…8.", "",
-             "| hold | host busy | ρ merged (per profiling run) | coarse before | coarse after | fine before | "
-             "fine after | status |", "|---|---|---|---|---|---|---|---|"]
+             "| hold | host busy | ρ merged (per profiling run) | coarse independent | coarse shared | "
+             "fine independent | fine shared | profile |", "|---|---|---|---|---|---|---|---|"]
     per_k: list[str] = []
     for name, d, status in holds:
         prof = profile_for(d, "ring")
@@ -152,10 +146,10 @@ def shared_jitter_section(main: dict[str, Any]) -> list[str]:
         errs, cells = _error_grid(d, _ring_errors)
         rho = (f"{prof.ring_shared_jitter:.2f} (" + ", ".join(f"{r:.2f}" for r in runs_rho) + ")") if runs_rho else "–"
         lines.append(f"| {name} | {100 * h.get('busy', 0):.0f}% | {rho} | " + " | ".join(cells) + f" | {status} |")
-        if status == "out of sample":
+        if status == "peer samples":
             for model in MODELS:
                 for shared in (False, True):
-                    per_k.append(f"| {name} | {model} | {'after' if shared else 'before'} | "
+                    per_k.append(f"| {name} | {model} | {'shared' if shared else 'independent'} | "
                                  + " | ".join(f"{100 * x:+.1f}%" for x in errs[(model, shared)]) + " |")
     if per_k:
         lines += ["", "Per K on the holds with peer samples (error = predicted / measured − 1):", "",
@@ -165,7 +159,7 @@ def shared_jitter_section(main: dict[str, Any]) -> list[str]:
 
 
 def _meets(errors: list[float]) -> bool:
-    """Issue #7's target over K = 1…8: mean |error| ≤ 5 % and max |error| ≤ 12 %."""
+    """The ring's accuracy target over K = 1…8: mean |error| ≤ 5 % and max |error| ≤ 12 %."""
     a = np.abs(errors)
     return bool(a.mean() <= 0.05 and a.max() <= 0.12)
 
@@ -216,20 +210,20 @@ def _step_table(doc: dict[str, Any], k: int) -> dict[str, float] | None:
 
 
 def stagger_section() -> list[str]:
-    """Session 4's ring holds: the hop with simultaneous vs compute-staggered entries, and what the runs did."""
-    holds = [(f, st, json.loads(f.read_text())) for f, st in S4_HOLDS if f.exists()]
+    """Ring holds: the hop with simultaneous vs compute-staggered entries, and what the runs did."""
+    holds = [(f, st, json.loads(f.read_text())) for f, st in RING_HOLDS if f.exists()]
     if not holds:
         return []
-    lines = ["", "### The ring's collective with staggered entries (issue #7, session 4)", "",
+    lines = ["", "### The ring's collective with staggered entries", "",
              "In a ring job the members enter the all-reduce when their own compute ends, staggered by its jitter; "
-             "the microbenchmark's members entered together. Session 4 tested whether the early members' hops "
-             "overlap the late member's compute: the `net-ring` microbenchmark also times 16 rounds in which each "
-             "member first computes one real step (forward, backward, flattening), and one ring hop is fitted to "
-             "that collective (last entry to last exit) too (`link.allreduce_staggered`). It was not shorter than "
-             "with simultaneous entries (table below), so `predict` keeps the simultaneous hop. *model* = "
-             "`failslow predict` (session 3's ring model, fixed before every hold here: out of sample), *what-if* "
-             "= the same with the staggered hop. Nothing is fitted to the throughput runs. Holds with more than "
-             f"{100 * STEAL_LIMIT:.0f}% steal are discarded by the rule fixed in session 3. Cells: mean / max "
+             "the microbenchmark's members enter together. To see whether the early members' hops overlap the late "
+             "member's compute, the `net-ring` microbenchmark also times 16 rounds in which each member first "
+             "computes one real step (forward, backward, flattening), and one ring hop is fitted to that "
+             "collective (last entry to last exit) too (`link.allreduce_staggered`). It is not shorter than with "
+             "simultaneous entries (ratio below), so `predict` uses the simultaneous hop. *model* = "
+             "`failslow predict`, *what-if* = the same with the staggered hop (`Profile.with_staggered_hop()`). "
+             "Nothing is fitted to the throughput runs. Holds with more than "
+             f"{100 * STEAL_LIMIT:.0f}% of CPU time stolen by the hypervisor are discarded. Cells: mean / max "
              "|error| over K = 1…8.", "",
              "| hold | started (UTC) | host busy / steal | status | coarse model | coarse what-if | fine model | "
              "fine what-if |", "|---|---|---|---|---|---|---|---|"]
@@ -274,8 +268,8 @@ def stagger_section() -> list[str]:
                         f"| {1e3 * row['wait']:.1f} | {1e3 * w_model:.1f} |")
     if sliced:
         lines += ["", "The ring's network microbenchmark in slices before the runs and after every repetition, rounds "
-                  "pooled per K (`testbed.dparch.measure` since session 4's last protocol change; earlier holds ran "
-                  "one 8-round slice before the runs): the target (mean ≤ 5 %, max ≤ 12 %) with predict's model is "
+                  "pooled per K (as `testbed.dparch.measure` runs it; the other holds ran one 8-round slice before "
+                  "the runs): the target (mean ≤ 5 %, max ≤ 12 %) with predict's model is "
                   "met in " + ", ".join(f"{sum(v[m] for v in sliced)} of {len(sliced)} kept holds ({m})"
                                         for m in MODELS) + "."]
     lines += ["", "Per K (error = predicted / measured − 1):", "",
@@ -351,9 +345,10 @@ def characterisation(doc: dict[str, Any]) -> list[str]:
     if parts:
         lines += ["", "### Single-worker profile (per hold)", "",
                   "Step = forward + backward of all layers (medians over every profiling run of the hold; "
-                  "since session 3 each step's layers add up to its measured wall time less the update, "
+                  "each step's layers add up to its measured wall time less the update, "
                   "*layer sums* shows what the timed layers alone held). Back to back: steps in a sequence "
-                  "(a lone ring worker). After idle: each step after 30 ms of waiting (session 2's ring, K > 1). "
+                  "(a lone ring worker). After idle: each step after 30 ms of waiting (the fallback for K > 1 when a "
+                  "profile has no after-all-reduce / after-transfer samples). "
                   "After transfer: a PS worker's compute phase right after receiving the model from the peer. "
                   "After all-reduce: a ring worker's compute and update in a sequence of all-reduce steps with "
                   "the peer (the ring, K > 1).",
@@ -393,7 +388,8 @@ def characterisation(doc: dict[str, Any]) -> list[str]:
                   "member spent in the call (adds the entry skew after a barrier). Model: 2(K−1)(M/(K·B_ring) + "
                   f"α_ring) with one hop fitted over these K (B_ring = {p.ring_bandwidth / 1e6:.2f} MB/s, α_ring = "
                   f"{1e3 * p.ring_hop_latency:.2f} ms) — a calibration, so the column shows how well one hop "
-                  "describes every K; the 2-rank fit session 1 extrapolated from is shown for comparison.", "",
+                  "describes every K; a hop fitted to 2-rank all-reduces alone (`meta.allreduce_2rank`) is shown for "
+                  "comparison.", "",
                   "| K | collective | slowest member | model (fit over K) | error | 2-rank fit | error |",
                   "|---|---|---|---|---|---|---|"]
         for k in sorted(net["ring"], key=int):
@@ -541,11 +537,12 @@ def run() -> str:
                           f"the hypervisor {100 * h['steal']:.1f}%" for a, h in hosts) + "."]
         others = [(f, json.loads(f.read_text())) for f in OTHER_HOLDS if f.exists()]
         if others:
-            lines += ["", "### Session 3's other holds", "",
-                      "Session 3's holds not in the main sweep, with today's models (each from its own "
-                      f"profiles). Rule, fixed before the final holds: a hold with more than {100 * STEAL_LIMIT:.0f}% "
-                      "of CPU time stolen by the hypervisor (`/proc/stat`, whole hold) is discarded and repeated.",
-                      "", "| hold | arch | host busy / steal | coarse mean / max | fine mean / max | why not main |",
+            lines += ["", "### Other single-architecture holds", "",
+                      "Holds not in the main sweep, each predicted from its own profiles. A hold with more than "
+                      f"{100 * STEAL_LIMIT:.0f}% of CPU time stolen by the hypervisor (`/proc/stat`, whole hold) is "
+                      "discarded and repeated.",
+                      "", "| hold | arch | host busy / steal | coarse mean / max | fine mean / max | not in the main "
+                      "sweep because |",
                       "|---|---|---|---|---|---|"]
             for f, od in others:
                 arch = od["runs"][0]["arch"]
@@ -557,25 +554,26 @@ def run() -> str:
                 if h.get("steal", 0) > STEAL_LIMIT:
                     why = f"steal {100 * h['steal']:.1f}% > {100 * STEAL_LIMIT:.0f}%"
                 elif f.stem.endswith("-repeat"):
-                    why = "repeat with the final code, after the main sweep"
+                    why = "repeat of `predict-measured-6-ring`, right after it"
                 elif f.stem == "predict-measured-6-ring":
-                    why = "session 3's main-sweep ring hold; replaced by a hold with session 4's protocol"
+                    why = "ring microbenchmark in one slice (the main sweep's ring hold runs it in slices)"
                 else:
-                    why = "superseded: measured before the after-all-reduce profile"
+                    why = "profile without after-all-reduce samples (K > 1 from after-idle steps)"
                 lines.append(f"| `{f.stem}` | {arch} | {100 * h.get('busy', 0):.0f}% / {100 * h.get('steal', 0):.1f}% "
                              f"| {cells[0]} | {cells[1]} | {why} |")
-        lines += shared_jitter_section(json.loads(SESSION3_MAIN.read_text()))
+        lines += shared_jitter_section(json.loads(SWEEP6.read_text()))
         lines += stagger_section()
         reps = [(f, json.loads(f.read_text())) for f in REPEATS if f.exists()]
         if reps:
             archs = [a for a in ARCHS if all(any(r["arch"] == a for r in rep["runs"]) for _, rep in reps)]
             rows = tuple((a, m, lk) for a, m, lk in VARIANTS if a in archs)
-            lines += ["", "### Session 2's sweeps with today's models", "",
-                      "The same models on session 2's main sweep and its repeat ("
+            lines += ["", "### Sweeps whose profiles lack step wall times", "",
+                      "The same models on two sweeps ("
                       + ", ".join(f"`{f.relative_to(ROOT)}`" for f, _ in reps)
-                      + "; the same testbed and protocol, but profiles without step wall times or after-transfer "
-                      "samples, so they are predicted as session 2 predicted them — the per-layer sums missed the "
-                      "throttle stalls between layers). Cells: mean / max |error| over K = 1…8.", "",
+                      + ") of the same testbed and protocol whose profiles have no step wall times and no "
+                      "after-transfer samples: they are predicted from per-layer sums, which miss the throttle "
+                      "stalls between layers, and from the after-idle samples. *this sweep* = the main sweep. "
+                      "Cells: mean / max |error| over K = 1…8.", "",
                       "| arch | model | link | this sweep | " + " | ".join(f"`{f.stem}`" for f, _ in reps) + " |",
                       "|---|---|---|---|" + "---|" * len(reps), *_rows(rows, [doc, *(r for _, r in reps)])]
             for f, rep in reps:
@@ -586,9 +584,9 @@ def run() -> str:
         if earlier:
             reps = [json.loads(f.read_text()) for f in earlier]
             defaults = tuple((a, m, None) for a in ARCHS for m in MODELS)
-            lines += ["", "### Session 1's sweeps with today's models", "",
-                      "The same defaults on the sweeps taken with the old protocol (unpinned ranks, 8–14 steps "
-                      "per run, back-to-back profile only, shared busy machine: "
+            lines += ["", "### Sweeps of an earlier protocol", "",
+                      "The same defaults on sweeps taken with unpinned ranks, 8–14 measured steps per run, a "
+                      "back-to-back profile only, on a busy machine ("
                       + ", ".join(f"`{f.relative_to(ROOT)}`" for f in earlier)
                       + "). Cells: mean / max |error| over K = 1…8.", "",
                       "| arch | model | link | this sweep | " + " | ".join(f"old {i + 1}" for i in range(len(reps)))
@@ -597,10 +595,10 @@ def run() -> str:
         if CALIBRATION:
             cal = [json.loads(f.read_text()) for f in CALIBRATION]
             lines += ["", "### How the default link models were chosen", "",
-                      "Session 1 picked the parameter-server link defaults among the σ-free disciplines on its "
+                      "The parameter-server link defaults are the best of the σ-free disciplines on the "
                       "calibration sweeps (" + ", ".join(f"`{f.relative_to(ROOT)}`" for f in CALIBRATION)
-                      + "); *test* is this sweep. Since session 2 a profile with a measured sharing σ makes PS-sync "
-                      "default to `tcp` (coarse and fine, rows above); without one the marked defaults apply. "
+                      + "); *test* is the main sweep. A profile with a measured sharing σ makes PS-sync default to "
+                      "`tcp` (coarse and fine, rows above); without one the marked defaults apply. "
                       "Cells: mean / max |error| over K = 1…8.", "", *selection_table(doc, cal)]
     else:
         lines += [f"_No measured data at `{DATA.relative_to(ROOT)}`: run `python -m testbed.dparch.measure`._"]
@@ -630,11 +628,10 @@ def run() -> str:
     lines.append(f"| async MVA, K=10, Bard–Schweitzer | {approx * 1e3:.2f} ms | exact MVA (2^10 populations) "
                  f"{exact * 1e3:.1f} ms | {exact / approx:.0f}× faster |")
     lines.append(f"| async MVA, K=256, Bard–Schweitzer | {big * 1e3:.1f} ms | | |")
-    lines += ["", "Command: `.venv/bin/python -m bench predict` (recomputes everything above from the data files; "
-              "the sweep itself, not in `make test`, one hold of the otherwise idle machine per architecture of ~6 min each: "
-              "`.venv/bin/python -m testbed.dparch.measure --arch ring --repeats 3 "
-              "--out docs/data/predict-measured-9-ring-3.json` (session 4), `ps-sync` and `ps-async --no-net` the same "
-              "way (session 3's `-6-ps-sync`, `-6-ps-async`), then `python -m testbed.dparch.measure --combine "
-              "docs/data/predict-measured-9-ring-3.json docs/data/predict-measured-6-ps-sync.json "
-              "docs/data/predict-measured-6-ps-async.json --out docs/data/predict-measured-9.json`)."]
+    lines += ["", "Command: `.venv/bin/python -m bench predict` (recomputes everything above from the data files in "
+              "`docs/data/`, see its MANIFEST.md). The main sweep itself (root, not in `make test`; one hold of the "
+              "otherwise idle machine per architecture, ~6 min each): `.venv/bin/python -m testbed.dparch.measure "
+              "--arch ring --repeats 3 --out ring.json`, the same with `--arch ps-sync --out ps-sync.json` and "
+              "`--arch ps-async --no-net --out ps-async.json`, then `.venv/bin/python -m testbed.dparch.measure "
+              "--combine ring.json ps-sync.json ps-async.json --out docs/data/predict-measured-9.json`."]
     return "\n".join(lines)
