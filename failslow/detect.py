@@ -77,7 +77,9 @@ class Verdict:
 class BatchVerdict:
     """What one lock-step sample told a batch detector, one entry per series.
 
-    ``index`` is -1 and the float fields NaN where ``changed`` is False.
+    ``index`` is -1 and the float fields NaN where ``changed`` is False. ``baseline`` is the healthy level
+    each open event is measured against (``slowdown`` = level / baseline; NaN where none is open), or None
+    from a detector that does not say.
     """
 
     t: int
@@ -91,6 +93,7 @@ class BatchVerdict:
     recovered: BoolArray
     onset: IntArray
     slowdown: FloatArray
+    baseline: FloatArray | None = None
 
     def verdict(self, i: int) -> Verdict:
         """The single-series view of series ``i``."""
@@ -215,6 +218,11 @@ class EventTracker:
         self.level[idx] = lvl
         self.peak[idx] = np.where(self.open[idx], np.fmax(peak, np.abs(lvl)), np.nan)
         return opened, recovered
+
+    def open_baseline(self) -> FloatArray:
+        """The healthy baseline of open events, NaN elsewhere."""
+        out: FloatArray = np.where(self.open, self.baseline, np.nan)
+        return out
 
     def slowdown(self) -> FloatArray:
         """Level over baseline for open events, 1.0 elsewhere."""

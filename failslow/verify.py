@@ -200,15 +200,17 @@ TREND_Z = 2.0
 first half for the verification to extrapolate their trend."""
 
 
-def _line_level(y: FloatArray, bt: FloatArray, at: FloatArray) -> FloatArray:
+def _line_level(y: FloatArray, bt: FloatArray, at: FloatArray, own: NDArray[np.bool_]) -> FloatArray:
     """Where a robust line through ``y`` (NaN = absent; ``bt`` the time indices) stands at the median of ``at``.
 
-    Its slope joins the medians (of value and of time) of the first and second half of the samples, and it
-    passes through their overall median at their median time. Medians of halves ignore the spikes a
-    least-squares fit would follow. The slope is kept only where the rise between the halves stands
-    ``TREND_Z`` standard errors (of a difference of two medians, from the scatter about the line) out of
-    the noise, and with at least four samples: on a flat series jitter does not tilt the line, which is
-    then the median of ``y``.
+    Its slope joins the medians (of value and of time) of the first and second half of the samples. Medians
+    of halves ignore the spikes a least-squares fit would follow. The slope is kept only where the rise
+    between the halves stands ``TREND_Z`` standard errors (of a difference of two medians, from the scatter
+    about a line through their overall median) out of the noise, and with at least four samples: on a flat
+    series jitter does not tilt the line.
+
+    The line passes through the median of the samples ``own`` (all of ``y`` but where
+    :func:`_trend_levels` says otherwise) at their median time.
     """
     ok = ~np.isnan(y)
     nb = ok.sum(axis=1)
@@ -231,23 +233,45 @@ def _line_level(y: FloatArray, bt: FloatArray, at: FloatArray) -> FloatArray:
         se = 1.2533 * sigma * np.sqrt(2.0 / np.maximum(nb // 2, 1))
         steady = np.abs(m2 - m1) > TREND_Z * se
     slope = np.where(steady, slope, 0.0)
-    out: FloatArray = my + slope * (_nanmedian_rows(at) - tb)
+    mine = ok & own
+    my_own = _nanmedian_rows(np.where(mine, y, np.nan))
+    tb_own = _nanmedian_rows(np.where(mine, bt, np.nan))
+    # (No sample of the regime among y cannot happen for a candidate, which needs min_before of them.)
+    my_own = np.where(np.isnan(my_own), my, my_own)
+    tb_own = np.where(np.isnan(tb_own), tb, tb_own)
+    out: FloatArray = my_own + slope * (_nanmedian_rows(at) - tb_own)
     return out
 
 
-def _trend_levels(before: FloatArray, bt: FloatArray, at: FloatArray) -> FloatArray:
+def _trend_levels(before: FloatArray, bt: FloatArray, at: FloatArray, start: IntArray,
+                  ma: FloatArray) -> FloatArray:
     """The levels the regime before a candidate would have reached by the samples after it, had it gone on.
 
     Two extrapolations, one column each: an additive trend (a straight line through the samples before)
     and, where every sample before is positive, a multiplicative one (a straight line through their
     logarithms: growth by a steady factor, which a straight line falls behind); elsewhere the second
-    column repeats the first. ``bt``/``at``: time indices of the samples before/after (NaN = absent).
+    column repeats the first. ``bt``/``at``: time indices of the samples before/after (NaN = absent);
+    ``start``: first time index of the current regime; ``ma``: the level after.
+
+    The samples before reach back across the last confirmed change (at ``start``) so that one stair of a
+    staircase does not hide the slope the next stair continues; the lines then pass through the median of
+    all of them. A candidate that goes back toward the level from before that change does not continue it,
+    it ends the excursion: for it the lines pass through the median of the current regime's own samples.
+    Through the median of all, after a slowdown of a few samples, they stood at the healthy level from
+    before the slowdown (most of the samples), so its end, a return to exactly that level, never stood off
+    the "trend" and the event stayed open. Where the regime holds every sample before, both are the same.
     """
-    lin = _line_level(before, bt, at)
+    with np.errstate(invalid="ignore"):
+        own = bt >= np.asarray(start, dtype=np.float64)[:, None]
+        m_own = _nanmedian_rows(np.where(own, before, np.nan))
+        m_pre = _nanmedian_rows(np.where(~own, before, np.nan))
+        back = np.sign(ma - m_own) * np.sign(m_pre - m_own) > 0  # False where no sample precedes the regime
+    own = own | ~back[:, None]
+    lin = _line_level(before, bt, at, own)
     with np.errstate(invalid="ignore", divide="ignore"):
         positive = np.all(np.isnan(before) | (before > 0), axis=1)
         logy = np.log(np.where(positive[:, None] & (before > 0), before, np.nan))
-        mult = np.exp(_line_level(logy, bt, at))
+        mult = np.exp(_line_level(logy, bt, at, own))
     return np.stack([lin, np.where(positive & np.isfinite(mult), mult, lin)], axis=1)
 
 
@@ -287,7 +311,8 @@ def _by_age(vals: FloatArray, times: NDArray[np.integer[Any]], t: int, width: in
     return out
 
 
-def _seasonal(d: FloatArray, n_after: IntArray, mb: FloatArray, v: VerifyConfig) -> NDArray[np.bool_]:
+def _seasonal(d: FloatArray, n_after: IntArray, regime: IntArray, mb: FloatArray,
+              v: VerifyConfig) -> NDArray[np.bool_]:
     """Whether the new regime repeats what the series did one period earlier, for a period it already showed.
 
     ``d[:, k]`` is the sample taken ``k`` steps before the latest one (NaN when missing or no longer held);
@@ -299,11 +324,18 @@ def _seasonal(d: FloatArray, n_after: IntArray, mb: FloatArray, v: VerifyConfig)
     already repeating itself with that period. A level shift
     matches neither (the lagged samples are the old level); a flat series matches itself at every lag
     before the change but not after it.
+
+    ``regime``: ages below it (``k < regime``) belong to the regime since the last confirmed change. Those
+    of its samples that are among the samples before the change must match theirs ``P`` earlier as well:
+    a periodic series repeats itself in any stretch. Otherwise, after a slowdown of a few samples, the
+    samples before its end would be mostly the healthy level from before it (matching its lag), its end
+    (back to that level) would match the samples ``P`` earlier, and the end would pass for a season.
     """
     tol = 0.5 * v.threshold * np.abs(mb)
     out = np.zeros(d.shape[0], dtype=bool)
     zero = np.zeros(d.shape[0], dtype=np.int64)
     cur_after = _lagged(d, zero, n_after, 0, v.n_max)
+    own = np.arange(v.n_max)[None, :] < (regime - n_after)[:, None]  # columns of cur_bef in the regime
     for lag in range(v.n_min, d.shape[1] - 2 * v.n_min + 1):
         room = d.shape[1] - lag - n_after  # samples before the change that still have a lagged partner
         n_bef = np.minimum(v.n_max, room)
@@ -315,8 +347,11 @@ def _seasonal(d: FloatArray, n_after: IntArray, mb: FloatArray, v: VerifyConfig)
         lag_bef = _lagged(d, n_after, np.maximum(n_bef, 0), lag, v.n_max)
         with np.errstate(invalid="ignore"):
             da = _nanmedian_rows(np.abs(cur_after - lag_after))
-            db = _nanmedian_rows(np.abs(cur_bef - lag_bef))
-            out |= usable & (da <= tol) & (db <= tol)
+            dif = np.abs(cur_bef - lag_bef)
+            db = _nanmedian_rows(dif)
+            mine = np.where(own, dif, np.nan)
+            d_own = np.where(np.isnan(mine).all(axis=1), 0.0, _nanmedian_rows(mine))
+            out |= usable & (da <= tol) & (db <= tol) & (d_own <= tol)
     return out
 
 
@@ -397,7 +432,7 @@ class _BOCDBase:
         mad = _nanmedian_rows(np.abs(before - mb[:, None]))
         return mb, ma, nb, na, mad, after
 
-    def _trends(self, rows: IntArray, c: IntArray) -> FloatArray:
+    def _trends(self, rows: IntArray, c: IntArray, ma: FloatArray) -> FloatArray:
         """:func:`_trend_levels` for candidate starts ``c``.
 
         The trend is read from the last ``before`` samples before ``c`` across earlier confirmed changes
@@ -407,7 +442,7 @@ class _BOCDBase:
         v = self.verify
         lead, lt = self._hist.window_at(rows, np.zeros(rows.shape[0], dtype=np.int64), c, v.before)
         _, at = self._hist.window_at(rows, c, np.full(rows.shape[0], self.t + 1, dtype=np.int64), v.n_max)
-        return _trend_levels(lead, lt, at)
+        return _trend_levels(lead, lt, at, self._start[rows], ma)
 
     def _lags(self, rows: IntArray) -> FloatArray:
         """The held samples of ``rows`` by age: column ``k`` is the sample taken ``k`` steps before the latest."""
@@ -420,7 +455,7 @@ class _BOCDBase:
         return BatchVerdict(t=self.t, changed=changed, index=index, probability=prob, level_before=lb,
                             level_after=la, failslow=self._tracker.open.copy(), opened=opened,
                             recovered=recovered, onset=self._tracker.onset.copy(),
-                            slowdown=self._tracker.slowdown())
+                            slowdown=self._tracker.slowdown(), baseline=self._tracker.open_baseline())
 
     def _step(self, x: NDArray[np.floating[Any]]) -> tuple[FloatArray, IntArray, FloatArray]:
         xv = np.asarray(x, dtype=np.float64).reshape(-1)
@@ -541,10 +576,12 @@ class VerifiedBOCD(_BOCDBase):
             # The costlier trend and season checks only for what passed the rest.
             if ok.any():
                 sub = np.flatnonzero(ok)
-                ok[sub] = _beyond_trend(mb[sub], ma[sub], self._trends(rows[sub], c[rows[sub]]), se[sub], v)
+                ok[sub] = _beyond_trend(mb[sub], ma[sub], self._trends(rows[sub], c[rows[sub]], ma[sub]),
+                                        se[sub], v)
             if ok.any():
                 sub = np.flatnonzero(ok)
-                ok[sub] = ~_seasonal(self._lags(rows[sub]), t + 1 - c[rows[sub]], mb[sub], v)
+                ok[sub] = ~_seasonal(self._lags(rows[sub]), t + 1 - c[rows[sub]],
+                                    t + 1 - self._start[rows[sub]], mb[sub], v)
             hit = rows[ok]
             changed[hit] = True
             index[hit] = c[hit]
@@ -636,11 +673,12 @@ def _levels_1d(x: FloatArray, obs: IntArray, start: int, c: int,
     return mb, ma, nb, na, mad, after
 
 
-def _trends_1d(x: FloatArray, obs: IntArray, c: int, v: VerifyConfig) -> FloatArray:
+def _trends_1d(x: FloatArray, obs: IntArray, start: int, c: int, ma: float, v: VerifyConfig) -> FloatArray:
     """:meth:`_BOCDBase._trends` of one series (``obs`` as for :func:`_levels_1d`)."""
     lead = obs[obs < c][-v.before:]
     a = obs[obs >= c][-v.n_max:]
-    return _trend_levels(x[lead][None, :], lead.astype(np.float64)[None, :], a.astype(np.float64)[None, :])
+    return _trend_levels(x[lead][None, :], lead.astype(np.float64)[None, :], a.astype(np.float64)[None, :],
+                         np.array([start]), np.array([ma]))
 
 
 class _Observed:
@@ -710,9 +748,9 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
         mba, maa = np.array([mb]), np.array([ma])
         if na >= v.n_min and nb >= v.min_before and diff >= v.threshold * abs(mb) and diff >= v.z * se \
                 and diff > 0 and bool(_consistent(after, mba, maa, v.threshold, v.consistency)[0]) \
-                and bool(_beyond_trend(mba, maa, _trends_1d(xs, obs, c, v), np.array([se]), v)[0]) \
+                and bool(_beyond_trend(mba, maa, _trends_1d(xs, obs, start, c, ma, v), np.array([se]), v)[0]) \
                 and not bool(_seasonal(_by_age(xs[obs][None, :], obs[None, :], t, v.history),
-                                       np.array([t + 1 - c]), mba, v)[0]):
+                                       np.array([t + 1 - c]), np.array([t + 1 - start]), mba, v)[0]):
             out.append((t, c, prob, mb, ma))
             start = c
             ref = ma
