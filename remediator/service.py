@@ -137,6 +137,15 @@ def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: Pac
     return plan.options()
 
 
+def _cleared(ev: dict[str, Any], verdict: bool | None) -> frozenset[str]:
+    """Nodes the event's link validation measured and did not convict (while its verdict stands)."""
+    targets = ev.get("validated_targets") or {}
+    if verdict is None or not targets.get("nodes"):
+        return frozenset()
+    convicted = set((ev.get("validated_links") or {}).get("nodes") or [])
+    return frozenset(str(n) for n in targets["nodes"] if n not in convicted)
+
+
 def _placement_params(info: JobInfo, validated: dict[str, Any] | None) -> PlacementParams:
     """The S3 planner's traffic model for this job: its micro-batch split, the bytes it moves (when the adapter
     knows them) and the link bandwidth a validation measured on the healthy links; the defaults otherwise."""
@@ -460,10 +469,10 @@ class Remediator:
                 self.kick(job)
                 return Decision("ignore", "a validation's verdict landed during planning: planning again", wait=True)
         suspects = _named(_suspects(ev.get("suspects") or []), view.nodes)
+        verdict = verdict_for(ev.get("validated"), ev.get("validated_targets"), suspects)
         ev_view = EventView(job=job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
-                            suspects=suspects, lost_s=float(upd["lost_s"]),
-                            validated=verdict_for(ev.get("validated"), ev.get("validated_targets"), suspects),
-                            actions=_past(actions, not self.auto))
+                            suspects=suspects, lost_s=float(upd["lost_s"]), validated=verdict,
+                            cleared=_cleared(ev, verdict), actions=_past(actions, not self.auto))
         memory = await self.store.job_memory(job)
         view = replace(view, ineffective=frozenset(s for s, u in (memory.get("ineffective") or {}).items() if u > now))
         close = self._close_reason(ev, view, upd, now)
@@ -781,6 +790,7 @@ class Remediator:
                             suspects=suspects, lost_s=float(upd["lost_s"]),
                             validated=verdict_for(ev.get("validated"), ev.get("validated_targets"), suspects),
                             actions=_past(actions, not self.auto))
+        ev_view = replace(ev_view, cleared=_cleared(ev, ev_view.validated))
         decision = decide(ev_view, view, costs, self.config.policy, force=req.action)
         await self.store.audit("decision", job=req.job, event=ev["id"],
                                data={**decision.to_json(), "manual": True, "reason_given": req.reason})

@@ -49,8 +49,11 @@ IN_FLIGHT: frozenset[str] = frozenset({"planned", "pending_approval", "running"}
 class Costs:
     """Training time each strategy costs, in seconds of lost progress (pause plus work redone).
 
-    The defaults are what the testbed measured (docs/remediator.md); the service replaces each with the
-    cost its adapter measured the last times the strategy ran on this cluster.
+    The defaults stand for a GPU cluster before anything was measured on it: a validation pauses the job for
+    seconds, a split applies at an iteration boundary, a checkpoint-restart costs minutes at scale (saving and
+    loading the checkpoint, communicator set-up). The service replaces each with the cost its adapter
+    measured the last times the strategy ran (a running average per adapter and strategy); the testbed's
+    measured costs are in docs/remediator.md.
     """
 
     validate: float = 10.0
@@ -167,6 +170,8 @@ class EventView:
         suspects: Culprits named so far.
         lost_s: Training time lost to the slowdown since onset (seconds of progress).
         validated: None before validation, else whether it confirmed the suspects.
+        cleared: Nodes a link validation measured healthy (a congested path between two of them is S3's
+            business): a restart does not exclude them.
         actions: The event's actions so far, oldest first.
     """
 
@@ -176,6 +181,7 @@ class EventView:
     suspects: tuple[Suspect, ...] = ()
     lost_s: float = 0.0
     validated: bool | None = None
+    cleared: frozenset[str] = frozenset()
     actions: tuple[PastAction, ...] = ()
 
 
@@ -401,9 +407,10 @@ def candidate(strategy: str, event: EventView, job: JobView, costs: Costs) -> Ca
                 params["from"] = list(job.microbatches)
         return Candidate(strategy, params, predicted_s=best.predicted_s, cost_s=cost, formed=True)
     if strategy == "restart":
-        exclude = bad_nodes(event.suspects, job.placement, job.nodes)
+        exclude = [n for n in bad_nodes(event.suspects, job.placement, job.nodes) if n not in event.cleared]
         if not exclude:
-            return Candidate(strategy, cost_s=cost, why="no suspect node to exclude")
+            return Candidate(strategy, cost_s=cost,
+                             why="no suspect node to exclude" + (" (validation cleared them)" if event.cleared else ""))
         ranks = sorted({s.rank for s in event.suspects if s.rank is not None})
         # Off the bad node the job runs as it did before the onset.
         return Candidate(strategy, {"exclude_nodes": exclude, "exclude_ranks": ranks},

@@ -198,6 +198,18 @@ def test_a_verdict_covers_the_suspects_it_measured_only() -> None:
     assert verdict_for(None, checked, link) is None
 
 
+def test_a_restart_does_not_exclude_the_nodes_a_validation_cleared() -> None:
+    link = (Suspect("link", None, "n1"), Suspect("link", None, "n2"))
+    ev = event(suspects=link, lost_s=500.0, validated=True)
+    d = decide(ev, job(), COSTS, Policy(approval=frozenset()))
+    assert d.strategy == "restart" and d.chosen.params["exclude_nodes"] == ["n1", "n2"]
+    # a congested path n1-n2: both NICs measured healthy, nothing for a restart to exclude
+    both = decide(replace(ev, cleared=frozenset({"n1", "n2"})), job(), COSTS, Policy(approval=frozenset()))
+    assert both.strategy == "ignore" and any("validation cleared" in c.why for c in both.considered)
+    one = decide(replace(ev, cleared=frozenset({"n2"})), job(), COSTS, Policy(approval=frozenset()))
+    assert one.strategy == "restart" and one.chosen.params["exclude_nodes"] == ["n1"]
+
+
 def test_rejected_strategy_is_not_planned_again_in_the_event() -> None:
     ev = event(suspects=(Suspect("link", None, "n2"),), lost_s=500.0, validated=True,
                actions=(PastAction("restart", "rejected", ended_at=100.0),))
