@@ -83,6 +83,7 @@ class LoopState:
     remediator_up: bool = False
     notes: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    faults_on: list[tuple[float, str]] = field(default_factory=list)  # (time, spec) of each fault switched on
     _pending: dict[int, dict[int, float]] = field(default_factory=dict)
 
     def on_line(self, line: str) -> None:
@@ -90,8 +91,10 @@ class LoopState:
         m = PROGRESS.match(line.strip())
         now = time.time()
         if m is None:
-            if "fault on:" in line and self.fault_start is None:
-                self.fault_start = now
+            if "fault on:" in line:
+                self.faults_on.append((now, line.split("fault on:", 1)[1].split("(")[0].strip()))
+                if self.fault_start is None:
+                    self.fault_start = now
             elif "fault off:" in line and self.fault_end is None:
                 self.fault_end = now
             return
@@ -204,11 +207,12 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
              warmup_s: float = 40.0,
              fault_s: float = 150.0, max_s: float = 600.0, mode: str = "auto", micro_batches: int = 4,
              device_speed: float | None = 0.4, poll_s: float = 5.0, policy: dict[str, Any] | None = None,
-             costs: dict[str, Any] | None = None, iterations: int = 100_000,
+             costs: dict[str, Any] | None = None, iterations: int = 100_000, spare_nodes: int = 0,
              stop_when: Callable[[LoopState], bool] | None = None,
              on_tick: Callable[[LoopState], None] | None = None,
              say: Callable[[str], None] | None = None) -> LoopResult:
-    """Start everything, inject `fault` (one spec or several) after `warmup_s` of training for `fault_s`, run until
+    """Start everything, inject `fault` (one spec or several) after `warmup_s` of training for `fault_s` (a spec
+    with its own ``at=`` or ``start_iter=`` keeps its schedule), with `spare_nodes` idle nodes, run until
     `stop_when(state)`
     (checked every second; default: the remediator closed the job's event after the fault ended) or `max_s`.
 
@@ -216,7 +220,8 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
     """
     job = f"loop{os.getpid()}"
     token = secrets.token_hex(16)
-    specs = [f"{f},at={warmup_s:g},for={fault_s:g}" for f in ([fault] if isinstance(fault, str) else fault)]
+    specs = [f if re.search(r"[:,](at|start_iter)=", f) else f"{f},at={warmup_s:g},for={fault_s:g}"
+             for f in ([fault] if isinstance(fault, str) else fault)]
     spec = " + ".join(specs)
     state = LoopState(job=job, world=dp * pp)
     ports = {k: free_port() for k in ("redis", "prom", "am", "exporter", "detector", "remediator")}
@@ -268,6 +273,8 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
                 "--report", str(tmp / "report.json"), "--progress"]
         if device_speed is not None:
             argv += ["--device-speed", f"{device_speed:g}"]
+        if spare_nodes:
+            argv += ["--spare-nodes", str(spare_nodes)]
         tb = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
                               env={**os.environ, "PYTHONUNBUFFERED": "1"})
         stack.callback(stop_process, tb)
