@@ -28,11 +28,12 @@ over a whole recorded sequence.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final
 
 import numpy as np
 import numpy.typing as npt
+from scipy.special import fdtrc
 
 from failslow.errors import InputError
 
@@ -76,6 +77,39 @@ ZERO_MIN_ITERATIONS: Final = 8
 #: Iterations are marked at the end of their last call (instead of the start of their first) when
 #: the idle time before the first call is more than this fraction of the iteration.
 MARK_END_IDLE: Final = 0.5
+#: Confidence below which a period is not stated: `failslow period` exits 3 and the exporter shows no
+#: iteration time for the rank.
+CONFIDENCE_MIN: Final = 0.5
+#: Gap split: every gap between iterations must be at least this many times every gap inside one ...
+SPLIT_RATIO: Final = 3.0
+#: ... or this many times, when the symbols show a schedule of exactly the split's calls per iteration, or
+#: when iterations have at least `SPLIT_MANY_ALIKE` calls each (many equal buckets: not a micro-batch).
+SPLIT_RATIO_SCHEDULE: Final = 2.0
+SPLIT_MANY_ALIKE: Final = 16
+#: With GAP_MIN_REPEATS iterations or more, `estimate_period` takes the split's answer only at this ratio.
+SPLIT_RATIO_DECISIVE: Final = 10.0
+#: Gaps below this (seconds) count as this much in the split ratio (calls issued together have gap 0).
+SPLIT_FLOOR_S: Final = 1e-6
+#: Gap split: calls per iteration may vary by this fraction of the median (rounded down).
+SPLIT_COUNT_TOL: Final = 0.07
+#: Candidate splits looked at, coarsest first.
+SPLIT_CANDIDATES: Final = 24
+#: Longest cycle looked for in a series of iteration times (or of the gaps that split them).
+MAX_CYCLE: Final = 8
+#: A cycle counts when the one-way analysis of variance by phase has a p-value below this.
+CYCLE_P: Final = 1e-4
+#: Iteration times with a robust coefficient of variation (MAD / median) of this or more are irregular.
+IRREGULAR_CV: Final = 0.5
+#: ... and so are they when iterations longer than OUTLIER_FACTOR times the median hold OUTLIER_SHARE of the time.
+OUTLIER_FACTOR: Final = 3.0
+OUTLIER_SHARE: Final = 0.25
+#: Confidence of an answer folded from a tracker period whose iteration times cycle (three whole cycles).
+FOLD_CONFIDENCE: Final = 0.6
+#: A lone gap this many times the iteration time, far above every other gap, in a stretch of at most
+#: DOUBT_MAX_CALLS calls with fewer calls after it than before, may be the first gap between iterations
+#: the period is a fraction of: the period is not stated until more calls tell.
+DOUBT_FACTOR: Final = 10.0
+DOUBT_MAX_CALLS: Final = 2048
 
 
 @dataclass(frozen=True)
@@ -91,6 +125,7 @@ class PeriodEstimate:
         boundary_times: Start times of those calls, seconds.
         iteration_s: Durations between consecutive complete iterations, measured between the mean
             start times of their calls (see `_centroids`).
+        method: ``"gaps"`` when the gap split decided (`split_by_gaps`), else ``"acf"``.
     """
 
     period: int
@@ -99,6 +134,7 @@ class PeriodEstimate:
     boundaries: IntArray
     boundary_times: FloatArray
     iteration_s: FloatArray
+    method: str = "acf"
 
 
 def encode_symbols(*features: npt.ArrayLike) -> IntArray:
@@ -270,6 +306,192 @@ def _choose_by_gaps(z: FloatArray, allowed: npt.NDArray[np.bool_], maxlag: int) 
     return best, conf
 
 
+def find_cycle(x: npt.ArrayLike, max_cycle: int = MAX_CYCLE) -> int:
+    """Shortest cycle ``m >= 2`` that a series repeats (1 when it does not).
+
+    A period inference that answers a fraction of the true period reports iteration times that are
+    themselves periodic (e.g. ``[a, b, c, a, b, c, ...]`` for a third of the period): each "iteration" is one
+    part of the real one. The test is a one-way analysis of variance of the values grouped by phase ``i % m``
+    (p-value below `CYCLE_P`, at least two whole cycles); of the significant cycles the strongest is taken,
+    then its shortest divisor that explains the series about as well.
+
+    Args:
+        x: The series (e.g. log iteration times).
+        max_cycle: Longest cycle considered.
+    """
+    v = np.asarray(x, dtype=np.float64)
+    k = len(v)
+    if k < 4 or not np.isfinite(v).all():
+        return 1
+    tot = float(((v - v.mean()) ** 2).sum())
+    if tot <= 1e-12 * max(1.0, float(v @ v)):
+        return 1
+    within: dict[int, float] = {}
+    pval: dict[int, float] = {}
+    for m in range(2, min(max_cycle, k // 2) + 1):
+        ph = np.arange(k) % m
+        means = np.bincount(ph, weights=v, minlength=m) / np.bincount(ph, minlength=m)
+        w = float(((v - means[ph]) ** 2).sum())
+        within[m] = w
+        if w <= 1e-12 * tot:
+            pval[m] = 0.0
+        else:
+            f = ((tot - w) / (m - 1)) / (w / (k - m))
+            pval[m] = float(fdtrc(m - 1, k - m, f))
+    sig = [m for m in pval if pval[m] < CYCLE_P]
+    if not sig:
+        return 1
+    best = min(sig, key=lambda m: (pval[m], m))
+    for d in _divisors(best):
+        if 1 < d < best and d in sig and within[d] <= 1.5 * within[best] + 1e-9 * tot:
+            return d
+    return best
+
+
+def regularity(iteration_s: npt.ArrayLike) -> float:
+    """How regular iteration times are, in [0, 1]: 1 minus their robust coefficient of variation / `IRREGULAR_CV`.
+
+    A period that is the iteration gives times that vary only with jitter and load; a fraction or a
+    chance lag of a call stream gives times that are parts of iterations, of very different lengths. The
+    score is also scaled down by the share of the total time in "iterations" longer than `OUTLIER_FACTOR`
+    times the median (0 at `OUTLIER_SHARE`).
+    """
+    d = np.asarray(iteration_s, dtype=np.float64)
+    d = d[np.isfinite(d) & (d > 0)]
+    if len(d) < 2:
+        return 0.0
+    med = float(np.median(d))
+    rcv = 1.4826 * float(np.median(np.abs(d - med))) / med
+    # Recurring long "iterations" that hold much of the time (the gaps between real iterations, seen by a
+    # period of one call) are no jitter, however alike the others are.
+    share = float(d[d > OUTLIER_FACTOR * med].sum()) / float(d.sum())
+    return float(np.clip(1.0 - rcv / IRREGULAR_CV, 0.0, 1.0) * np.clip(1.0 - share / OUTLIER_SHARE, 0.0, 1.0))
+
+
+@dataclass(frozen=True)
+class GapSplit:
+    """Iterations found from the gap structure alone: the calls split at the gaps between iterations.
+
+    Attributes:
+        starts: Index of the first call of each iteration found (the call after each boundary gap, and
+            call 0 when the calls before the first boundary gap make a whole iteration).
+        counts: Calls of each whole iteration (between consecutive ``starts``).
+        iteration_s: Durations of those iterations, first call to first call of the next.
+        ratio: Smallest boundary gap over the largest gap inside an iteration (before folding).
+        fold: Boundary gaps per iteration: more than 1 when the split gaps repeated in a cycle of
+            ``fold`` (parts of an iteration) and were folded to every ``fold``-th one.
+        confidence: In [0, 1] (see `split_by_gaps`).
+    """
+
+    starts: IntArray
+    counts: IntArray
+    iteration_s: FloatArray
+    ratio: float
+    fold: int
+    confidence: float
+
+    @property
+    def period(self) -> int:
+        """Calls per iteration (the median when counts vary)."""
+        return int(np.rint(np.median(self.counts)))
+
+    @property
+    def exact(self) -> bool:
+        """Every whole iteration has the same number of calls."""
+        return bool((self.counts == self.counts[0]).all())
+
+
+def _split_at(t: FloatArray, g: FloatArray, big: IntArray, ratio: float) -> GapSplit | None:
+    """The split of ``t`` at gaps ``big`` (indices into ``g``, ascending), checked and folded; or ``None``."""
+    n = len(t)
+    fold = 1
+    if len(big) >= 4:
+        fold = find_cycle(np.log(np.maximum(g[big], SPLIT_FLOOR_S)))
+        if fold > 1:
+            # The split gaps are parts of iterations (e.g. the groups of a pipeline schedule): the iteration
+            # boundary is the phase whose gaps are longest (optimizer step, data loading).
+            ph = np.arange(len(big)) % fold
+            lg = np.log(np.maximum(g[big], SPLIT_FLOOR_S))
+            keep = int(np.argmax(np.bincount(ph, weights=lg, minlength=fold) / np.bincount(ph, minlength=fold)))
+            big = big[ph == keep]
+    b = big + 1  # first call after each boundary gap
+    counts = np.diff(b)
+    first, last = int(b[0]), n - int(b[-1])
+    ref = counts if len(counts) else np.array([first, last])
+    med = float(np.median(ref))
+    tol = int(SPLIT_COUNT_TOL * med)
+    if med < 2 or (np.abs(ref - med) > tol).any() or last > med + tol:
+        return None
+    starts = b
+    if abs(first - med) <= tol:
+        starts = np.concatenate(([0], b))  # the capture began with a whole iteration
+    cnt = np.diff(starts)
+    if len(cnt) == 0 or (len(cnt) == 1 and len(b) > 1):
+        # One whole iteration between two long gaps says nothing about its length (two stalls, a start-up
+        # wait): it takes two whole iterations, or one boundary with alike counts on both sides.
+        return None
+    exact = bool((cnt == cnt[0]).all())
+    conf = 0.95 * (0.75 if len(cnt) == 1 else 1.0) * (1.0 if exact else 0.9)
+    if fold > 1:
+        conf *= 0.85 if len(big) >= 3 else 0.5  # folding needs three whole cycles of the split gaps
+    return GapSplit(starts=starts.astype(np.int64), counts=cnt.astype(np.int64),
+                    iteration_s=np.diff(t[starts]), ratio=ratio, fold=fold, confidence=conf)
+
+
+def _schedule(s: IntArray | None, period: int) -> bool:
+    """Whether symbols repeat at lag ``period`` (>= `SYMBOL_SCHEDULE`) and at no shorter lag: a schedule."""
+    if s is None or period < SYMBOL_SCHEDULE or len(s) < 2 * period:
+        return False
+    mis = [float(np.mean(s[:-k] != s[k:])) for k in range(1, period + 1)]
+    return mis[-1] <= SYMBOL_PERIODIC and min(mis[:-1]) > SYMBOL_PERIODIC
+
+
+def split_by_gaps(t_start: npt.ArrayLike, symbols: npt.ArrayLike | None = None) -> GapSplit | None:
+    """Split a call stream at gaps far longer than every other gap, when they make consistent iterations.
+
+    Between two iterations a trainer runs its optimizer step and loads data, issuing no call; inside an
+    iteration the calls follow each other within the backward pass. When every gap of one group is at
+    least `SPLIT_RATIO` times every other gap (`SPLIT_RATIO_SCHEDULE` when the split is neither folded nor of
+    varying counts and either the ``symbols`` show a schedule of exactly its calls or its iterations hold at
+    least `SPLIT_MANY_ALIKE` calls: a micro-batch of a few alike calls is split off by compute gaps about
+    2-3 times the gaps inside it, and only the symbols or a large count rule it out), and the calls between
+    them make iterations of the same count (within `SPLIT_COUNT_TOL`), the iterations are those (a split whose
+    inner gaps are all zero only separates calls issued together): decisive from two iterations on, where the
+    autocorrelation needs many repeats. Candidate groups are tried from the fewest (largest) gaps on. If the
+    gaps of a group themselves repeat in a cycle (the groups of a pipeline schedule, each split off by
+    its own compute gap), every ``cycle``-th one is an iteration boundary: the split is folded.
+
+    Confidence: 0.95 for at least two whole iterations of equal counts; times 0.75 with one whole
+    iteration, 0.9 when counts vary, 0.85 for a fold (0.5 with fewer than three whole cycles).
+
+    Returns:
+        The split, or ``None`` when no group of gaps stands out or none makes consistent iterations.
+    """
+    t = np.asarray(t_start, dtype=np.float64)
+    n = len(t)
+    if t.ndim != 1 or n < 4 or not np.isfinite(t).all():
+        return None
+    sym = None if symbols is None else np.asarray(symbols, dtype=np.int64)
+    if sym is not None and (len(sym) != n or not (sym != sym[0]).any()):
+        sym = None
+    g = np.maximum(np.diff(t), 0.0)
+    order = np.argsort(-g, kind="stable")
+    gs = np.maximum(g[order], SPLIT_FLOOR_S)
+    r = gs[:-1] / gs[1:]
+    ok = (r >= SPLIT_RATIO_SCHEDULE) & (gs[1:] > SPLIT_FLOOR_S)
+    cands = np.flatnonzero(ok)[:SPLIT_CANDIDATES] + 1  # K = number of boundary gaps
+    for k in cands:
+        if n - 1 - k < k:  # fewer gaps inside iterations than between them: not iterations of calls
+            break
+        sp = _split_at(t, g, np.sort(order[:k]), float(r[k - 1]))
+        if sp is None:
+            continue
+        if sp.ratio >= SPLIT_RATIO or (sp.fold == 1 and sp.exact
+                                       and (sp.period >= SPLIT_MANY_ALIKE or _schedule(sym, sp.period))):
+            return sp
+    return None
+
+
 def estimate_period(
     t_start: npt.ArrayLike,
     symbols: npt.ArrayLike | None = None,
@@ -296,13 +518,38 @@ def estimate_period(
         raise InputError("estimate_period: t_start must be a 1-D array of finite times")
     if min_repeats < 2:
         raise InputError("estimate_period: min_repeats must be at least 2")
-    n = len(t)
     s = None if symbols is None else np.asarray(symbols, dtype=np.int64)
     if s is not None:
         if s.shape != t.shape:
             raise InputError("estimate_period: symbols and t_start differ in length")
         if s.min(initial=0) < 0:
             raise InputError("estimate_period: symbols must be non-negative ids (see encode_symbols)")
+    split = split_by_gaps(t, s)
+    by_gaps = None
+    if split is not None and split.fold == 1 and split.exact and len(split.counts) >= 2 \
+            and (max_period is None or split.period <= max_period) and _symbols_repeat(s, split.period):
+        by_gaps = replace(_boundaries(t, split.period, confidence=split.confidence,
+                                      phase=int(split.starts[-1]) % split.period, check=False), method="gaps")
+        if split.ratio >= SPLIT_RATIO_DECISIVE:
+            return by_gaps  # gaps between iterations an order of magnitude above all others
+        if len(split.counts) >= GAP_MIN_REPEATS:
+            by_gaps = None  # enough repeats for the autocorrelation and its block test to decide
+    est = _estimate_acf(t, s, symbols is None, min_repeats, max_period)
+    if est is None or est.confidence < CONFIDENCE_MIN:
+        # Whole iterations of equal counts between gaps far longer than any other: decisive from two
+        # iterations on, where the autocorrelation needs more repeats or finds no confident answer.
+        return by_gaps if by_gaps is not None else est
+    if split is not None and split.period != est.period and len(split.counts) >= 2:
+        # The gap structure splits the calls into iterations of another length (varying counts, or parts
+        # of an iteration folded): the autocorrelation's answer is not to be stated with confidence.
+        est = replace(est, confidence=0.5 * CONFIDENCE_MIN * est.confidence)
+    return est
+
+
+def _estimate_acf(t: FloatArray, s: IntArray | None, no_symbols: bool, min_repeats: int,
+                  max_period: int | None) -> PeriodEstimate | None:
+    """The autocorrelation's estimate (symbols, then gaps; see the module docstring), or ``None``."""
+    n = len(t)
     maxlag = n // min_repeats if max_period is None else min(int(max_period), n // min_repeats)
     if maxlag < 1:
         return None
@@ -338,13 +585,49 @@ def estimate_period(
         period, gap_conf = int(np.flatnonzero(allowed)[0]), 1.0
     else:
         period, gap_conf = _choose_by_gaps(z, allowed, maxlag)
-        if sym_conf == 1.0 and symbols is None and gap_conf < 0.05 and period > 1:
+        if sym_conf == 1.0 and no_symbols and gap_conf < 0.05 and period > 1:
             # Gaps alone and no structure found: the stream is aperiodic noise.
             return None
-    return _boundaries(t, period, confidence=float(sym_conf * gap_conf))
+    est = _boundaries(t, period, confidence=float(sym_conf * gap_conf))
+    if est.confidence >= CONFIDENCE_MIN and _lone_long_gap(t, est.iteration_s):
+        est = replace(est, confidence=0.5 * CONFIDENCE_MIN * est.confidence)
+    return est
 
 
-def _boundaries(t: FloatArray, period: int, *, confidence: float) -> PeriodEstimate:
+def _lone_long_gap(t: FloatArray, iteration_s: FloatArray) -> bool:
+    """Whether a young stretch holds one gap far longer than its iterations and than every other gap.
+
+    It may be the first gap between real iterations (a few hundred alike calls each) that the period found
+    divides; the second one, an iteration later, makes the gap split decisive. A stall of a long-running
+    stretch is not doubted (see `DOUBT_FACTOR`).
+    """
+    n = len(t)
+    if n < 4 or len(iteration_s) == 0 or n > DOUBT_MAX_CALLS:
+        return False
+    g = np.maximum(np.diff(t), 0.0)
+    i = int(np.argmax(g))
+    rest = float(np.max(np.delete(g, i)))
+    before, after = i + 1, n - i - 1
+    return bool(g[i] >= SPLIT_RATIO * rest and g[i] >= DOUBT_FACTOR * float(np.median(iteration_s))
+                and after < before)
+
+
+def _symbols_repeat(s: IntArray | None, period: int) -> bool:
+    """Whether symbols (if any) repeat at lag ``period`` (or are too few to tell)."""
+    if s is None or len(s) <= period:
+        return True
+    return float(np.mean(s[:-period] != s[period:])) <= SYMBOL_PERIODIC
+
+
+def _boundaries(t: FloatArray, period: int, *, confidence: float, phase: int | None = None,
+                check: bool = True) -> PeriodEstimate:
+    """The estimate for ``period``: phase (given, else after the longest median gap), boundaries, times.
+
+    With ``check``, ``confidence`` (the structure the period explains) is raised to the regularity of the
+    iteration times when that is higher (one call per iteration explains no gap structure), scaled down
+    when fewer than four whole iterations were seen, and cut to a fifth when the iteration times
+    repeat in a cycle: the period is then a fraction of the true one.
+    """
     gaps = np.concatenate(([0.0], np.maximum(np.diff(t), 0.0)))
     phase_idx = np.arange(len(t)) % period
     # Median gap per phase (vectorised: sort by phase, then by gap within phase).
@@ -355,11 +638,17 @@ def _boundaries(t: FloatArray, period: int, *, confidence: float) -> PeriodEstim
     if len(t) > period:  # the first call's zero gap must not decide phase 0
         first = gaps[period::period] if period < len(t) else gaps[:0]
         med[0] = float(np.median(first)) if len(first) else med[0]
-    phase = int(np.argmax(med))
+    if phase is None:
+        phase = int(np.argmax(med))
     b = np.arange(phase, len(t), period, dtype=np.int64)
     complete = b[b + period <= len(t)]
+    its = np.diff(_centroids(t, complete, period))
+    if check:
+        confidence = max(confidence, regularity(its)) * min(1.0, len(its) / 4)
+        if confidence >= CONFIDENCE_MIN and len(its) >= 4 and find_cycle(np.log(np.maximum(its, 1e-12))) > 1:
+            confidence *= 0.2
     return PeriodEstimate(period=period, phase=phase, confidence=min(1.0, max(0.0, confidence)),
-                          boundaries=b, boundary_times=t[b], iteration_s=np.diff(_centroids(t, complete, period)))
+                          boundaries=b, boundary_times=t[b], iteration_s=its)
 
 
 def _centroids(t: FloatArray, starts: IntArray, period: int) -> FloatArray:
@@ -423,7 +712,9 @@ class PeriodVerdict:
         iterations_total: Iterations emitted since the tracker was created.
         mean_iteration_s: Mean over the last ``window`` emitted iterations, or ``None`` if none yet.
         last_iteration_end_t: End time of the most recent emitted iteration, or ``None``.
-        confidence: Confidence of the current estimate (0 when none).
+        confidence: Confidence in ``period`` (0 when none), from the latest estimate of it on the current
+            stretch; cut below `CONFIDENCE_MIN` when the gap split finds whole iterations of another length.
+            Below `CONFIDENCE_MIN` the period and its iteration times are not to be shown.
     """
 
     period: int | None
@@ -479,6 +770,7 @@ class PeriodTracker:
     _seg: int = 0  # absolute index where the current stationary stretch starts
     _period: int | None = None
     _conf: float = 0.0
+    _shown_conf: float = 0.0  # confidence in the period shown (see `PeriodVerdict.confidence`)
     _anchor: int = 0  # absolute index of a boundary of the current period
     _last_b: int | None = None  # absolute index of the last boundary already emitted
     _since_est: int = 0
@@ -603,6 +895,14 @@ class PeriodTracker:
                 bad = np.flatnonzero((cur != ref).any(axis=1))
                 if len(bad) >= max(2, (self._end() - lo) // 50):
                     changed |= self._restart(lo + int(bad[0]))
+        if self._shown is not None and self._shown_conf >= CONFIDENCE_MIN and self._recent \
+                and self._end() - self._seg <= DOUBT_MAX_CALLS:
+            # A gap far longer than the iterations shown, in a young stretch: maybe the first gap between the
+            # real iterations (the period shown a fraction of them). Not stated until the next estimate.
+            lo = max(new_start - 1, self._base) - self._base
+            if len(self._t) - lo >= 2 and float(np.max(np.diff(self._t[lo:]))) > \
+                    DOUBT_FACTOR * float(np.median(self._recent)):
+                self._shown_conf = 0.5 * CONFIDENCE_MIN * self._shown_conf
         if self._period is not None and self._end() - self._last_quick >= 2 * self._period:
             changed |= self._quick_check()
         for _ in range(3):  # estimate, emit; a change seen while emitting re-estimates the rest
@@ -706,6 +1006,14 @@ class PeriodTracker:
             self._next_try = self._end() + max(8, len(t) // 4)
             return False
         p = est.period
+        if p == self._shown:
+            if p == self._period:  # not while a change is re-estimated on a short stretch
+                self._shown_conf = est.confidence
+        elif est.method == "gaps" and self._shown is not None:
+            # Whole iterations of another length between gaps far longer than any other: the period shown is
+            # wrong (e.g. a fraction of 400 alike calls per iteration, locked in before the first long gap).
+            # No iteration time is shown until the new period is locked in.
+            self._shown_conf = min(self._shown_conf, 0.2 * CONFIDENCE_MIN)
         if p == self._period:
             self._cand = p
             self._conf = est.confidence
@@ -764,7 +1072,9 @@ class PeriodTracker:
             self._next_try = self._end() + max(p, len(t) // 3)
             return False
         self._cand = p
-        self._period, self._conf, self._shown = p, est.confidence, p
+        if self._shown is not None and self._shown != p and self._shown_conf < CONFIDENCE_MIN:
+            self._recent.clear()  # iterations of a period not trusted must not enter the new one's mean
+        self._period, self._conf, self._shown, self._shown_conf = p, est.confidence, p, est.confidence
         anchor = self._phase_anchor(p, est, sym)
         # Never report an iteration twice, nor one that left the buffer. On an unchanged grid this
         # lands exactly on the first unreported boundary: reporting goes on without a gap.
@@ -980,24 +1290,35 @@ class PeriodTracker:
             iteration_s=np.asarray(s, dtype=np.float64), iteration_end_t=np.asarray(t, dtype=np.float64),
             iterations_total=self._total,
             mean_iteration_s=float(np.mean(self._recent)) if self._recent else None,
-            last_iteration_end_t=self._last_end, confidence=self._conf if self._period is not None else 0.0)
+            last_iteration_end_t=self._last_end, confidence=self._shown_conf if self._shown is not None else 0.0)
 
 
 @dataclass(frozen=True)
 class IterationResult:
-    """Iterations found in a whole recorded call sequence (batch use of `PeriodTracker`).
+    """Iterations found in a whole recorded call sequence (`infer_iterations`).
 
     Attributes:
-        period: Calls per iteration at the end of the sequence (``None`` if never found).
+        period: Calls per iteration at the end of the sequence (``None`` if never found; the median when
+            the gap split found iterations of varying counts).
         periods: Every period adopted, in order (more than one when the pattern changed).
         iteration_s: Duration of every iteration found, in order.
         iteration_end_t: Time each of those iterations ended.
+        confidence: In [0, 1]; below `CONFIDENCE_MIN` the period is not to be stated (see ``reason``).
+        reason: Why the confidence is low (empty when it is not).
+        method: ``"gaps"`` (split at the gaps between iterations, `split_by_gaps`) or ``"tracker"``
+            (`PeriodTracker`, autocorrelation of symbols and gaps).
+        fold: Parts per iteration when the answer was folded (a cycle in the split gaps or in the tracker's
+            iteration times), else 1.
     """
 
     period: int | None
     periods: tuple[int, ...]
     iteration_s: FloatArray
     iteration_end_t: FloatArray
+    confidence: float = 0.0
+    reason: str = ""
+    method: str = "tracker"
+    fold: int = 1
 
     @property
     def median_s(self) -> float | None:
@@ -1012,7 +1333,14 @@ def infer_iterations(
     buffer: int = 8192,
     min_repeats: int = 4,
 ) -> IterationResult:
-    """Run a `PeriodTracker` over a complete call sequence, as the exporter would see it arrive.
+    """Iterations of a complete call sequence, with the confidence of the answer.
+
+    First the gap split (`split_by_gaps`: iterations separated by gaps far longer than any other, decisive
+    from two iterations on, folded when its gaps cycle). Otherwise a `PeriodTracker` runs over the
+    calls as the exporter would see them arrive; its iteration times are then checked for a cycle: a
+    period that is a fraction of the true one reports parts of iterations, in a repeating pattern. They
+    are folded (summed ``cycle`` at a time, the longest part last) when the folded iterations are regular,
+    and the answer is refused (confidence below `CONFIDENCE_MIN`) otherwise.
 
     Args:
         t_start: Call start times in seconds, in call order.
@@ -1020,11 +1348,21 @@ def infer_iterations(
         chunk: Calls per update (the exporter's reads arrive in chunks too).
         buffer: Tracker buffer (largest period detectable is ``buffer // min_repeats``).
         min_repeats: Iterations needed before a period is trusted.
+
+    Raises:
+        InputError: features and times differ in length.
     """
     t = np.asarray(t_start, dtype=np.float64)
     feats = [np.asarray(f, dtype=np.int64) for f in features]
     if any(len(f) != len(t) for f in feats):
         raise InputError("infer_iterations: features and t_start differ in length")
+    sym = encode_symbols(*feats) if feats and len(t) else None
+    split = split_by_gaps(t, sym) if np.isfinite(t).all() else None
+    if split is not None and split.confidence >= CONFIDENCE_MIN \
+            and (not split.exact or _symbols_repeat(sym, split.period)):
+        return IterationResult(period=split.period, periods=(split.period,), iteration_s=split.iteration_s,
+                               iteration_end_t=t[split.starts[1:]], confidence=split.confidence, method="gaps",
+                               fold=split.fold)
     tr = PeriodTracker(buffer=buffer, min_repeats=min_repeats, window=max(1, len(t)))
     periods: list[int] = []
     out_s: list[FloatArray] = []
@@ -1040,7 +1378,46 @@ def infer_iterations(
         periods.append(v.period)
     out_s.append(v.iteration_s)
     out_t.append(v.iteration_end_t)
-    return IterationResult(
-        period=tr.period, periods=tuple(periods),
-        iteration_s=np.concatenate(out_s) if out_s else np.empty(0),
-        iteration_end_t=np.concatenate(out_t) if out_t else np.empty(0))
+    its = np.concatenate(out_s) if out_s else np.empty(0)
+    ends = np.concatenate(out_t) if out_t else np.empty(0)
+    p = tr.period
+    if p is None or len(its) == 0:
+        return IterationResult(period=p, periods=tuple(periods), iteration_s=its, iteration_end_t=ends,
+                               reason=f"no periodic call pattern found in {len(t)} calls")
+    conf = float(v.confidence)
+    m = find_cycle(np.log(np.maximum(its, 1e-12))) if len(its) >= 4 else 1
+    if m > 1:
+        # Parts of iterations: fold m at a time so that each iteration ends with its longest part (the
+        # one that holds the optimizer step).
+        ph = np.arange(len(its)) % m
+        last = int(np.argmax(np.bincount(ph, weights=its, minlength=m) / np.bincount(ph, minlength=m)))
+        o = (last + 1) % m
+        whole = (len(its) - o) // m
+        folded = its[o:o + whole * m].reshape(whole, m).sum(axis=1)
+        fends = ends[o:o + whole * m].reshape(whole, m)[:, -1]
+        reg = regularity(folded)
+        if whole >= 2 and reg >= 0.5:
+            return IterationResult(period=p * m, periods=(p * m,), iteration_s=folded, iteration_end_t=fends,
+                                   confidence=FOLD_CONFIDENCE * (1.0 if whole >= 3 else 0.8), method="tracker",
+                                   fold=m)
+        why = "too few whole iterations to check" if whole < 2 else "the folded iterations are irregular"
+        return IterationResult(
+            period=p, periods=tuple(periods), iteration_s=its, iteration_end_t=ends, confidence=min(conf, 0.2),
+            fold=1, reason=f"the iteration times found with period {p} repeat every {m} iterations, so {p} "
+            f"calls are a fraction of the iteration; folded to {p * m} calls: {why}")
+    reason = ""
+    if conf < CONFIDENCE_MIN:
+        causes: list[str] = []
+        if len(its) < 4:
+            causes.append(f"only {len(its)} whole iterations")
+        if regularity(its) < 0.5:
+            med = float(np.median(its))
+            rcv = 1.4826 * float(np.median(np.abs(its - med))) / med
+            share = float(its[its > OUTLIER_FACTOR * med].sum() / its.sum())
+            causes.append(f"irregular iteration times: MAD / median {rcv:.0%}, {share:.0%} of the time in iterations "
+                       f"over {OUTLIER_FACTOR:g}x the median")
+        if split is not None and split.period != p:
+            causes.append(f"the longest gaps split the calls into iterations of about {split.period} calls")
+        reason = f"period {p} explains little of the call timing" + (f" ({'; '.join(causes)})" if causes else "")
+    return IterationResult(period=p, periods=tuple(periods), iteration_s=its, iteration_end_t=ends,
+                           confidence=conf, reason=reason)

@@ -32,7 +32,7 @@ from prometheus_client.core import Metric
 
 from exporter.collector import family
 from exporter.settings import Settings
-from failslow.acf import PeriodTracker
+from failslow.acf import CONFIDENCE_MIN, PeriodTracker
 from failslow.errors import InputError
 from failslow.ring import CALL_OPS, OP_NAMES, Flag, Op, RingHeader, RingReader, find_rings, process_alive
 from failslow.topology import Coords, Layout, ObservedComm, group_kind, infer_layout
@@ -95,6 +95,8 @@ class RankTrack:
         self.mean_iteration_s: float | None = None
         self.last_end_unix_s: float | None = None
         self.period: int | None = None
+        #: Confidence in ``period``; below `CONFIDENCE_MIN` no period or iteration time is exposed.
+        self.confidence = 0.0
         #: Every emitted iteration as (duration s, end Unix time s) when enabled (replay and tests).
         self.history: list[tuple[float, float]] | None = None
 
@@ -173,6 +175,7 @@ class RankTrack:
         v = self.tracker.update(t, cop, comm.view(np.int64), calls["bytes"].astype(np.int64), peer, seq=cseq,
                                 t_end=t_end)
         self.period = v.period
+        self.confidence = v.confidence
         self.iterations_total = v.iterations_total
         self.mean_iteration_s = v.mean_iteration_s
         if v.last_iteration_end_t is not None:
@@ -382,13 +385,16 @@ class RingCollector:
             main = max(trs, key=lambda t: (t.header.producer_name == "shim", t.iterations_total, -t.header.pid))
             lab = main.labels()
             it_tot.add_metric(lab, main.iterations_total)
-            if main.mean_iteration_s is not None:
+            # No iteration time rather than a wrong one: a period the tracker is not confident in (e.g. a
+            # fraction of the iteration, contradicted by the gaps between iterations) is not shown.
+            sure = main.confidence >= CONFIDENCE_MIN
+            if main.mean_iteration_s is not None and sure:
                 it_dur.add_metric(lab, main.mean_iteration_s)
             if main.last_end_unix_s is not None:
                 last.add_metric(lab, main.last_end_unix_s)
-            if main.period is not None:
+            if main.period is not None and sure:
                 period.add_metric(lab, main.period)
-            if main.split:
+            if main.split and sure:
                 arr = np.asarray(main.split)
                 c = float(arr[:, 1].mean())
                 comm_s.add_metric(lab, c)
