@@ -42,6 +42,9 @@ CATALOGUE: tuple[Metric, ...] = (
            RANK_LABELS, "exporter"),
     Metric("failslow_iteration_period_calls", "gauge",
            "Communication calls per iteration of the rank (the inferred ACF period).", RANK_LABELS, "exporter"),
+    Metric("failslow_iteration_period_confidence_ratio", "gauge",
+           "Confidence in the rank's inferred period (0-1); below 0.5 its iteration time, period and split are "
+           "not shown.", RANK_LABELS, "exporter"),
     Metric("failslow_iteration_comm_seconds", "gauge",
            "Mean time per iteration the rank spent inside communication calls, over the last window.",
            RANK_LABELS, "exporter"),

@@ -363,6 +363,7 @@ class RingCollector:
         it_tot = family("failslow_iterations_total")
         last = family("failslow_last_iteration_timestamp_seconds")
         period = family("failslow_iteration_period_calls")
+        conf = family("failslow_iteration_period_confidence_ratio")
         comm_s = family("failslow_iteration_comm_seconds")
         comp_s = family("failslow_iteration_compute_seconds")
         dropped = family("failslow_ring_dropped_records_total")
@@ -392,6 +393,8 @@ class RingCollector:
                 it_dur.add_metric(lab, main.mean_iteration_s)
             if main.last_end_unix_s is not None:
                 last.add_metric(lab, main.last_end_unix_s)
+            if main.period is not None:
+                conf.add_metric(lab, main.confidence)
             if main.period is not None and sure:
                 period.add_metric(lab, main.period)
             if main.split and sure:
@@ -420,7 +423,7 @@ class RingCollector:
             info.add_metric(list(key), v)
         for prod, k in sorted(producers.items()):
             rings.add_metric([prod], k)
-        yield from (it_dur, it_tot, last, period, comm_s, comp_s, dropped, calls, nbytes, dur, info, rings)
+        yield from (it_dur, it_tot, last, period, conf, comm_s, comp_s, dropped, calls, nbytes, dur, info, rings)
 
     def close(self) -> None:
         """Stop following every ring."""
