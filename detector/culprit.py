@@ -32,8 +32,13 @@ def _rank(s: Sample) -> int | None:
 
 
 def analyse_job(prom: PromClient, job: str, window_s: float,
-                rank_labels: dict[int, dict[str, str]]) -> tuple[Analysis, dict[int, str]]:
+                rank_labels: dict[int, dict[str, str]], before_s: float | None = None,
+                healthy_window_s: float = 120.0) -> tuple[Analysis, dict[int, str]]:
     """Query one job's aggregates and run the culprit analysis (raises PromUnavailable).
+
+    `before_s`: how long ago the slowdown began; the stages' compute over the `healthy_window_s` before it is
+    each stage's own work, so a stage is compared with the others relative to its healthy self (the last
+    stage's LM head and loss make it heavier in any healthy job). Unknown: stages count as equal work.
 
     Returns the analysis and the node names behind its node numbers.
     """
@@ -81,9 +86,29 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
             stage_of[r] = int(lab["pp_rank"])
     # Stages are compared only when every rank's stage is known (a partial map would mis-pool ranks).
     use_stages = bool(outside) and all(r in stage_of for r in outside) and len(set(stage_of.values())) > 1
+    work = _stage_work(prom, sel, stage_of, before_s, healthy_window_s) if use_stages else None
     analysis = analyse_aggregates(outside, groups, group_kind=kinds, node_of=node_of, peers_of=peers,
-                                  stage_of=stage_of if use_stages else None)
+                                  stage_of=stage_of if use_stages else None, stage_work=work)
     return analysis, {i: n for n, i in node_ids.items()}
+
+
+def _stage_work(prom: PromClient, sel: str, stage_of: dict[int, int], before_s: float | None,
+                healthy_window_s: float) -> dict[int, float] | None:
+    """Each stage's compute per iteration before the slowdown (its fastest rank's), or None when unknown."""
+    if before_s is None or before_s <= 0:
+        return None
+    h = f"{max(1, int(healthy_window_s * 1000))}ms"
+    off = f"{max(1, int(before_s * 1000))}ms"
+    best: dict[int, float] = {}
+    for s in prom.query(f"avg_over_time(failslow_iteration_compute_seconds{{{sel}}}[{h}] offset {off})"):
+        r = _rank(s)
+        if r is None or r not in stage_of or not (s.value > 0):
+            continue
+        st = stage_of[r]
+        best[st] = min(best.get(st, s.value), s.value)
+    if set(best) != set(stage_of.values()):
+        return None
+    return best
 
 
 def suspects(analysis: Analysis, names: dict[int, str], limit: int,

@@ -254,7 +254,8 @@ class Detector:
                     ranks[int(r)] = lab
             window = min(self.settings.culprit_window_s, max(now - ev.onset_ts, 3 * self.settings.poll_interval_s))
             try:
-                analysis, names = analyse_job(self.prom, job, window, ranks)
+                analysis, names = analyse_job(self.prom, job, window, ranks,
+                                              before_s=now - ev.onset_ts + self.settings.poll_interval_s)
             except PromUnavailable as exc:
                 log.warning("culprit analysis for %s postponed: %s", job, exc)
                 continue
