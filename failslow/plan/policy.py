@@ -401,7 +401,8 @@ def candidate(strategy: str, event: EventView, job: JobView, costs: Costs) -> Ca
             return Candidate(strategy, cost_s=cost, why="no placement scored better than the current one")
         best = min(job.topology, key=lambda o: o.predicted_s)
         params: dict[str, Any] = {"placement": list(best.placement), "why": best.why}
-        if best.counts is not None:  # the move pays with this split applied at the restart
+        if best.counts is not None and tuple(best.counts) != tuple(job.microbatches or ()):
+            # the move pays with this split applied at the restart
             params["counts"] = [int(c) for c in best.counts]
             if job.microbatches is not None:
                 params["from"] = list(job.microbatches)
