@@ -32,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from failslow.bocd import BOCD, BOCDConfig
-from failslow.detect import BatchVerdict, EventTracker
+from failslow.detect import SETTLE, BatchVerdict, EventTracker
 from failslow.errors import InputError
 
 FloatArray = NDArray[np.float64]
@@ -383,12 +383,15 @@ class _BOCDBase:
     def __post_init__(self) -> None:
         self._model = BOCD(self.n_series, self.bocd)
         self._hist = History(self.n_series, self.verify.history)
-        self._tracker = EventTracker(self.n_series, self._event_threshold())
+        self._tracker = EventTracker(self.n_series, self._event_threshold(), self._event_settle())
         self._start = np.zeros(self.n_series, dtype=np.int64)  # first index of the current regime
         self.t = -1
 
     def _event_threshold(self) -> float:
         return self.verify.threshold
+
+    def _event_settle(self) -> int:
+        return SETTLE
 
     def grow(self, n_series: int) -> None:
         """Append fresh series (they start their first regime at the next sample)."""
@@ -609,6 +612,10 @@ class PlainBOCD(_BOCDBase):
     def _event_threshold(self) -> float:
         # Without verification any rise is a slowdown alarm; that is what makes this a baseline.
         return 0.0
+
+    def _event_settle(self) -> int:
+        # Any rise, also the end of a speed-up: FALCON's baseline as it was defined.
+        return 0
 
     def grow(self, n_series: int) -> None:
         """Append fresh series."""
