@@ -34,27 +34,40 @@ AFTER_S = 50.0  # the row ends this long after the first action finished
 QUIET_S = 200.0  # a row without any action ends this long after the fault
 
 
+def _acts(s: Any) -> list[dict[str, Any]]:
+    """The job's executed actions (validations are measurements, not mitigations)."""
+    return sorted((a for a in s.actions if a["job"] == s.job and not a.get("dry_run")
+                   and a["strategy"] != "validate"), key=lambda a: a["created_at"])
+
+
 def _stop(s: Any) -> bool:
-    acts = [a for a in s.actions if a.get("job") == s.job and not a.get("dry_run") and a.get("ended_at")]
+    acts = [a for a in _acts(s) if a.get("ended_at")]
     if acts:
         return time.time() > min(float(a["ended_at"]) for a in acts) + AFTER_S
     return s.fault_start is not None and time.time() > s.fault_start + QUIET_S
 
 
-def _row(dp: int, pp: int, faults: list[str]) -> dict[str, Any]:
+def row(dp: int, pp: int, faults: list[str], *, device: float = DEVICE, stop: Any = _stop, max_s: float = 480.0,
+        **loop: Any) -> dict[str, Any]:
+    """One closed loop with `faults` on a DPxPP job; the paces and actions of its mitigation.
+
+    ``slow`` is measured from 20 s after the first fault to the first action, ``mitigated`` from `SETTLE_S`
+    after the first action ended to the end; ``res`` keeps the loop's result for rows that look further.
+    """
     from failslow_cli.stack.loop import run_loop
 
     with TemporaryDirectory(prefix="bench-mitigate-") as d:
-        res = run_loop(Path(d), dp=dp, pp=pp, fault=faults, device_speed=DEVICE, fault_s=600.0, max_s=480.0,
-                       stop_when=_stop)
+        res = run_loop(Path(d), dp=dp, pp=pp, fault=faults, device_speed=device, fault_s=600.0, max_s=max_s,
+                       stop_when=stop, **loop)
     s = res.state
-    acts = sorted((a for a in s.actions if a["job"] == s.job and not a.get("dry_run")),
-                  key=lambda a: a["created_at"])
+    acts = _acts(s)
     first = next((a for a in acts if a.get("started_at")), None)
     end = time.time() if s.fault_end is None else s.fault_end
     out: dict[str, Any] = {"dp": dp, "pp": pp, "faults": faults, "actions": acts, "first": first,
                            "healthy": s.pace(s.t0 + 15.0, s.fault_start or end),
-                           "alert": (res.times() or {}).get("alert")}
+                           "alert": (res.times() or {}).get("alert"), "res": res, "end": end,
+                           "validations": [a for a in s.actions if a["job"] == s.job and a["strategy"] == "validate"
+                                           and not a.get("dry_run")]}
     if first is not None and s.fault_start is not None:
         out["slow"] = s.pace(s.fault_start + 20.0, float(first["started_at"]))
         out["mitigated"] = s.pace(float(first.get("ended_at") or first["started_at"]) + SETTLE_S, end + 1e9)
@@ -64,11 +77,12 @@ def _row(dp: int, pp: int, faults: list[str]) -> dict[str, Any]:
     return out
 
 
-def _fmt(x: Any, d: int = 3, unit: str = " s") -> str:
+def fmt(x: Any, d: int = 3, unit: str = " s") -> str:
+    """A number for the tables, or an en dash."""
     return "–" if x is None else f"{float(x):.{d}f}{unit}"
 
 
-def _line(name: str, r: dict[str, Any]) -> str:
+def line(name: str, r: dict[str, Any]) -> str:
     first = r.get("first") or {}
     h, s, m = r.get("healthy"), r.get("slow"), r.get("mitigated")
     red = f"{(s - m) / (s - h):.0%}" if h and s and m and s > h else "–"
@@ -77,8 +91,8 @@ def _line(name: str, r: dict[str, Any]) -> str:
     meas = first.get("measured") or {}
     strat = ", ".join(f"{a['strategy']} {a.get('params', {}).get('counts', '')}".strip() for a in r["actions"]) \
         or "none"
-    return (f"| {name} | {_fmt(h)} | {_fmt(s)} | {_fmt(m)} | {red} | {strat} | {_fmt(r.get('fault_to_action'), 1)} | "
-            f"{_fmt(first.get('decision_latency_s'))} | {_fmt(meas.get('duration_s'))} | {_fmt(pred)} / {err} |")
+    return (f"| {name} | {fmt(h)} | {fmt(s)} | {fmt(m)} | {red} | {strat} | {fmt(r.get('fault_to_action'), 1)} | "
+            f"{fmt(first.get('decision_latency_s'))} | {fmt(meas.get('duration_s'))} | {fmt(pred)} / {err} |")
 
 
 HEADER = ["| case | healthy | fail-slow | mitigated | slowdown reduced | actions | fault → action | decision | "
@@ -91,16 +105,16 @@ def run() -> str:
     fig13: list[tuple[str, dict[str, Any]]] = []
     for dp, pp in ((2, 2), (4, 1)):
         for sev, quota in SEVERITY.items():
-            fig13.append((f"DP{dp}xPP{pp}, {sev} (quota {quota:g})", _row(dp, pp, [f"cpu:rank=1,quota={quota:g}"])))
+            fig13.append((f"DP{dp}xPP{pp}, {sev} (quota {quota:g})", row(dp, pp, [f"cpu:rank=1,quota={quota:g}"])))
     fig14: list[tuple[str, dict[str, Any]]] = []
     for k in (2, 3, 4):  # k = 1 is the medium DP4 row of Fig. 13
         fig14.append((f"DP4xPP1, {k} of 4 replicas slowed",
-                      _row(4, 1, [f"cpu:rank={r},quota={SEVERITY['medium']:g}" for r in range(k)])))
+                      row(4, 1, [f"cpu:rank={r},quota={SEVERITY['medium']:g}" for r in range(k)])))
     lines = ["Command: `.venv/bin/python -m bench mitigate` (one run per row, rows one after another).", "",
              "**Fig. 13 — one slow DP replica, three severities**", "", *HEADER,
-             *(_line(n, r) for n, r in fig13), "",
+             *(line(n, r) for n, r in fig13), "",
              "**Fig. 14 — DP4xPP1, several replicas slowed (medium)**", "", *HEADER,
-             _line("DP4xPP1, 1 of 4 replicas slowed", fig13[4][1]), *(_line(n, r) for n, r in fig14), "",
+             line("DP4xPP1, 1 of 4 replicas slowed", fig13[4][1]), *(line(n, r) for n, r in fig14), "",
              "Healthy / fail-slow / mitigated are the trainer's own iteration times (medians); the action cost is "
              "the adapter call's duration (a split applies at an iteration boundary: no pause); the prediction is "
              "the pace model's, made before the action. FALCON reports 55.3-82.9% for S2 on one slow replica."]
