@@ -231,7 +231,7 @@ class Store:
         return int(await self._call(lambda: self.r.hlen(self.k("open"))))
 
     async def started_since(self, job: str, since: float) -> int:
-        """Actions of `job` started since `since` (Unix seconds)."""
+        """Actions of `job` started since `since` (Unix seconds), validations not counted."""
         return int(await self._call(lambda: self.r.zcount(self.k("started", job), since, "+inf")))
 
     async def job_memory(self, job: str) -> dict[str, Any]:
@@ -449,7 +449,8 @@ class Store:
             if new["state"] not in ("planned", "pending_approval", "running"):
                 pipe.hdel(infl, new["job"])
             if new["state"] == "running" and cur.get("state") != "running":
-                pipe.zadd(self.k("started", new["job"]), {action_id: new.get("started_at") or time.time()})
+                if new.get("strategy") != "validate":  # a measurement, not an action the hourly cap limits
+                    pipe.zadd(self.k("started", new["job"]), {action_id: new.get("started_at") or time.time()})
                 pipe.set(self.k("alive", action_id), self.replica, px=int(audit.pop("lease_ms", 30000)))
             self._xadd(pipe, self._audit_args("action", new["job"], new.get("event_id", ""), action_id,
                                                         data={"state": new["state"], **audit}))

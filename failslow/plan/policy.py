@@ -79,7 +79,7 @@ class Policy:
 
     Attributes:
         cooldown_s: After an action ends, wait this long before judging its effect or acting again.
-        max_actions_per_hour: Actions (not dry-run plans) per job per rolling hour.
+        max_actions_per_hour: Actions (not dry-run plans, not validations) per job per rolling hour.
         min_gain: Smallest predicted relative speed-up worth an action.
         effective_share: An action is effective when it took back at least this share of the slowdown it
             was predicted to take back (and at least ``min_gain`` of the pace).
