@@ -1,6 +1,6 @@
 """Run the whole alert path once: testbed job -> exporter -> Prometheus -> detector -> Alertmanager -> webhook.
 
-Used by tests/integration/test_alert_path.py (behaviour) and bench/bench_alerting.py (the latency figure).
+Used by bench/bench_alerting.py (the latency figure); the behaviour is tested in tests/integration/test_remediator_loop.py.
 Every component is the real thing started on free loopback ports and stopped by PID; any that cannot
 start raises.
 """

@@ -6,6 +6,9 @@ split, the alert resolves and the event closes with the pace confirmed back.
 The job runs with the testbed's dedicated-device emulation (each rank a device of speed 0.4) so that a CPU
 quota slows only its rank, as a throttled GPU would, and moving micro-batches away from it pays. What is
 measured (times, paces, the prediction beside the outcome) is printed; the assertions are on behaviour.
+It is also the test of the alert path: the event carries the labels the alert had (the shipped rule's
+routing labels, the detector's suspects), the webhook only takes the token Alertmanager reads from its
+credentials file, and the event closes only once the resolved notification has arrived.
 """
 
 from __future__ import annotations
@@ -29,7 +32,10 @@ def test_fault_alert_rebalance_recovery_restore_close(tmp_path: Path) -> None:
     assert s.fault_start is not None and s.fault_end is not None, diag
     ev = s.event
     assert ev is not None and ev["opened_at"] >= s.fault_start, "no event opened after the fault:\n" + diag
-    assert any(x["kind"] == "compute" and x["rank"] in (1, None) for x in ev["suspects"]) or ev["suspects"], diag
+    # what the alert carried: the shipped rule's routing labels and the detector's suspect labels
+    assert ev["labels"].get("alertname") == "FailSlowDetected" and ev["labels"].get("job") == s.job, ev["labels"]
+    assert ev["labels"].get("severity") == "warning" and ev["labels"].get("remediate") == "true", ev["labels"]
+    assert ev["suspects"] and all(x["kind"] in ("compute", "link") for x in ev["suspects"]), diag
 
     acts = sorted((a for a in s.actions if a["job"] == s.job and a["event_id"] == ev["id"]),
                   key=lambda a: a["created_at"])
@@ -61,6 +67,7 @@ def test_fault_alert_rebalance_recovery_restore_close(tmp_path: Path) -> None:
     # after the fault: back to the job's own split, the alert resolved, the event closed with the pace back
     assert res.microbatches_final == [4, 4], (res.microbatches_final, diag)
     assert ev["state"] == "closed" and "confirmed back" in ev["close_reason"], diag
+    assert ev["resolved_at"] is not None, "the resolved notification never reached the remediator:\n" + diag
     assert sum(1 for x in res.audit if x["kind"] == "event" and x["event"] == ev["id"]
                and x["data"].get("what") == "closed") == 1
     # nothing ran twice: every action executed once, one at a time
