@@ -369,6 +369,11 @@ class Remediator:
             return self.config.costs
         measured = {k.split(":", 1)[1]: v["ewma_s"] for k, v in (await self.store.costs()).items()
                     if k.startswith(f"{adapter.kind}:")}
+        # a topology move and a restart are both a checkpoint-restart: until one of them is measured on this
+        # cluster, the other's measurement stands for it
+        for a, b in (("topology", "restart"), ("restart", "topology")):
+            if a in measured and b not in measured:
+                measured[b] = measured[a]
         return self.config.costs.with_measured(measured)
 
     # ------------------------------------------------------------------ one event
