@@ -107,7 +107,9 @@ def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: Pac
 
     Once a validation measured the links (`validated`: the nodes it convicted and the slow paths between
     nodes it did not), those replace the detector's link suspects: a path is moved, not a whole NIC guessed.
-    The planner's model is calibrated on the healthy pace when it is known, else on the pace now. With
+    The planner's model is calibrated on the healthy pace when it is known and only links are slow (their
+    share is what a validation measured), else on the pace now (a compute suspect's factor comes from the same
+    measurements as the pace: calibrating it on the healthy pace overstated the slow placement 2x). With
     `rebalance` (the adapter can also set the split) every placement is scored under its own best micro-batch
     split, which the topology action then applies: slow GPUs gathered into one replica pay only that way.
     """
@@ -128,7 +130,7 @@ def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: Pac
             return ()
         params = _placement_params(info, validated)
         plan = plan_topology(layout, info.placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
-                             iteration_s=pace, healthy_s=healthy,
+                             iteration_s=pace, healthy_s=None if slow_ranks else healthy,
                              rebalance=rebalance and bool(info.microbatches))
     except InputError as exc:
         log.info("job %s: no topology plan: %s", job, exc)
@@ -144,6 +146,17 @@ def _cleared(ev: dict[str, Any], verdict: bool | None) -> frozenset[str]:
         return frozenset()
     convicted = set((ev.get("validated_links") or {}).get("nodes") or [])
     return frozenset(str(n) for n in targets["nodes"] if n not in convicted)
+
+
+def _standing(suspects: tuple[Suspect, ...], ev: dict[str, Any], verdict: bool | None) -> tuple[Suspect, ...]:
+    """The suspects less the ranks the event's compute validation benchmarked and cleared (while its verdict
+    stands): a restart does not move a rank whose device measured healthy."""
+    found = ev.get("validated_links") or {}
+    targets = ev.get("validated_targets") or {}
+    if not verdict or "ranks" not in found or not targets.get("ranks"):
+        return suspects
+    cleared = set(targets["ranks"]) - set(found["ranks"])
+    return tuple(s for s in suspects if not (s.kind == "compute" and s.rank in cleared))
 
 
 def _placement_params(info: JobInfo, validated: dict[str, Any] | None) -> PlacementParams:
@@ -476,7 +489,7 @@ class Remediator:
         suspects = _named(_suspects(ev.get("suspects") or []), view.nodes)
         verdict = verdict_for(ev.get("validated"), ev.get("validated_targets"), suspects)
         ev_view = EventView(job=job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
-                            suspects=suspects, lost_s=float(upd["lost_s"]), validated=verdict,
+                            suspects=_standing(suspects, ev, verdict), lost_s=float(upd["lost_s"]), validated=verdict,
                             cleared=_cleared(ev, verdict), actions=_past(actions, not self.auto))
         memory = await self.store.job_memory(job)
         view = replace(view, ineffective=frozenset(s for s, u in (memory.get("ineffective") or {}).items() if u > now))
@@ -633,6 +646,7 @@ class Remediator:
             params = action.get("params") or {}
             found = {"nodes": list(outcome.result.get("nodes") or []),
                      "paths": list(outcome.result.get("paths") or []),
+                     "ranks": list(outcome.result.get("ranks") or []),
                      **({"link_bw_Bps": outcome.result["link_bw_Bps"]} if outcome.result.get("link_bw_Bps") else {})
                      } if confirmed else None
             while True:

@@ -99,3 +99,15 @@ def test_slow_gpus_in_both_replicas_are_gathered_with_the_split_the_move_needs()
     view = JobView(now=100.0, pace_s=2.0, healthy_s=1.0, microbatches=(4, 4), topology=opts)
     c = candidate("topology", EventView(job="j", onset_ts=0.0, firing=True, suspects=sus), view, Costs())
     assert c.params["counts"] == list(best.counts) and c.params["from"] == [4, 4]
+
+
+def test_ranks_a_compute_validation_cleared_are_no_longer_suspects() -> None:
+    from remediator.service import _standing
+
+    sus = (Suspect("compute", 1), Suspect("compute", 2), Suspect("compute", 3), Suspect("link", None, "node0"))
+    ev = {"validated_targets": {"ranks": [1, 2, 3], "nodes": []},
+          "validated_links": {"nodes": [], "paths": [], "ranks": [1, 2]}}
+    assert _standing(sus, ev, True) == (Suspect("compute", 1), Suspect("compute", 2), Suspect("link", None, "node0"))
+    assert _standing(sus, ev, None) == sus  # no standing verdict: as named
+    # a verdict stored before confirmed ranks were kept: nothing is dropped
+    assert _standing(sus, {**ev, "validated_links": {"nodes": [], "paths": []}}, True) == sus
