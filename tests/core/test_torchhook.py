@@ -127,7 +127,8 @@ def test_end_times_capture_waiting(gloo_job: tuple[Path, Path]) -> None:
     for rank in range(WS - 1):
         _meta, recs, _ = _load(out, rings, rank)
         second_allreduce = recs[1]
-        assert second_allreduce["t_end_ns"] - second_allreduce["t_start_ns"] >= 300_000_000
+        # >= 0.25 s, not 0.3: a peer may enter the collective a little after the straggler began its delay
+        assert second_allreduce["t_end_ns"] - second_allreduce["t_start_ns"] >= 250_000_000
     meta, recs, _ = _load(out, rings, 0)
     i = next(i for i, e in enumerate(meta["log"]) if e["op"] == "Recv" and e["group"] == "world"
              and not e.get("in_group"))
@@ -135,7 +136,7 @@ def test_end_times_capture_waiting(gloo_job: tuple[Path, Path]) -> None:
     # irecv(...).wait(): the send left rank 1 only 0.3 s after its recv; the end is observed at wait()
     assert int(rec["flags"]) & Flag.ASYNC
     assert int(rec["flags"]) & Flag.END_AT_WAIT
-    assert rec["t_end_ns"] - rec["t_enqueue_ns"] >= 300_000_000
+    assert rec["t_end_ns"] - rec["t_enqueue_ns"] >= 250_000_000
     assert rec["t_return_ns"] < rec["t_end_ns"]  # irecv returned at once; completion came later
     async_ar = recs[2]
     assert int(async_ar["flags"]) & Flag.ASYNC and not int(async_ar["flags"]) & Flag.END_AT_WAIT
