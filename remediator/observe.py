@@ -11,7 +11,8 @@ Queries (``J`` = the job label):
 * onset: ``max(failslow_detector_onset_timestamp_seconds{job=J})`` and the detector's
   ``failslow_detector_slowdown_ratio``;
 * healthy pace: ``quantile(0.5, avg_over_time(failslow_iteration_duration_seconds{job=J}[2m]))`` evaluated
-  at the onset.
+  just before the onset; the window is shortened so that it starts after the job's previous event closed
+  (the service falls back to that event's healthy pace when too little is left).
 
 Reading (HTTP) is separated from parsing (:func:`parse_vector`, pure).
 """
@@ -137,8 +138,9 @@ class Prometheus:
                 continue
         return out
 
-    def healthy_pace(self, job: str, onset_ts: float) -> float | None:
-        """The job's iteration time over the two minutes before `onset_ts`."""
+    def healthy_pace(self, job: str, onset_ts: float, window_s: float = 120.0) -> float | None:
+        """The job's iteration time over the `window_s` seconds (two minutes by default) before `onset_ts`."""
         sel = f'job="{_esc(job)}"'
-        return self.scalar(f"quantile(0.5, avg_over_time(failslow_iteration_duration_seconds{{{sel}}}[2m]))",
+        win = f"{max(1, int(window_s))}s"
+        return self.scalar(f"quantile(0.5, avg_over_time(failslow_iteration_duration_seconds{{{sel}}}[{win}]))",
                            at=onset_ts)

@@ -99,6 +99,26 @@ def _named(suspects: tuple[Suspect, ...], nodes: Sequence[str]) -> tuple[Suspect
     return tuple(out)
 
 
+HEALTHY_WINDOW_S = 120.0   # the healthy pace: this long before the onset ...
+HEALTHY_SETTLE_S = 10.0    # ... starting at least this long after the job's previous event closed ...
+HEALTHY_LEAST_S = 30.0     # ... and at least this long, else the previous event's healthy pace stands
+
+
+def healthy_window(onset: float, last_closed: dict[str, Any] | None) -> tuple[float, float] | None:
+    """Where to measure a new event's healthy pace: ``(end, seconds)`` of the window before `onset`, or None
+    when the job's previous event (`last_closed`: its ``closed_at``) closed too recently to leave
+    ``HEALTHY_LEAST_S`` of clean iterations — the window would hold that event's slow iterations (a compound
+    fault read a 1.05 s "healthy" pace on a 0.67 s job that way, and accrued no loss)."""
+    end = onset - 5.0
+    start = end - HEALTHY_WINDOW_S
+    closed = (last_closed or {}).get("closed_at")
+    if closed is not None:
+        start = max(start, float(closed) + HEALTHY_SETTLE_S)
+    if end - start < HEALTHY_LEAST_S:
+        return None
+    return end, end - start
+
+
 def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: PaceModel | None,
               pace: float | None, validated: dict[str, Any] | None = None,
               healthy: float | None = None, rebalance: bool = False) -> tuple[TopologyOption, ...]:
@@ -405,8 +425,15 @@ class Remediator:
             onset, upd["onset"], upd["onset_source"] = obs.onset_ts, obs.onset_ts, "detector"
         healthy = ev.get("healthy_s")
         if healthy is None and obs is not None:
-            with contextlib.suppress(PromUnavailable):
-                healthy = await asyncio.to_thread(self.prom.healthy_pace, job, onset - 5.0)
+            last = (await self.store.job_memory(job)).get("last_closed")
+            if last is not None and last.get("event") == ev["id"]:
+                last = None
+            window = healthy_window(onset, last)
+            if window is None:
+                healthy = (last or {}).get("healthy_s")
+            else:
+                with contextlib.suppress(PromUnavailable):
+                    healthy = await asyncio.to_thread(self.prom.healthy_pace, job, *window)
             if healthy is None and obs.pace_s and obs.detector_ratio and obs.detector_ratio > 0:
                 healthy = obs.pace_s / obs.detector_ratio
             if healthy is not None:
@@ -498,6 +525,9 @@ class Remediator:
             await self.store.mutate_event(ev["id"], lambda d: {**d, **upd, "state": "closed", "closed_at": now,
                                                                  "close_reason": close},
                                           audit={"kind": "event", "what": "closed", "reason": close})
+            last = {"event": ev["id"], "onset": float(upd.get("onset", ev["onset"])), "closed_at": now,
+                    "healthy_s": upd.get("healthy_s", ev.get("healthy_s")), "pace_s": view.pace_s}
+            await self.store.update_job_memory(job, lambda m: {**m, "last_closed": last})
             log.info("event %s of %s closed: %s", ev["id"], job, close)
             return Decision("ignore", f"closed: {close}", wait=True)
         decision = decide(ev_view, view, costs, policy)

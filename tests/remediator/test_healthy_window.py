@@ -1,0 +1,33 @@
+"""Where a new event's healthy pace is measured: never over the previous event's slow iterations."""
+
+from __future__ import annotations
+
+import pytest
+
+from remediator.service import HEALTHY_LEAST_S, HEALTHY_SETTLE_S, HEALTHY_WINDOW_S, healthy_window
+
+
+def test_a_first_event_takes_the_full_window_just_before_its_onset() -> None:
+    assert healthy_window(1000.0, None) == (995.0, HEALTHY_WINDOW_S)
+
+
+def test_an_event_closed_long_ago_does_not_shorten_the_window() -> None:
+    assert healthy_window(1000.0, {"closed_at": 100.0}) == (995.0, HEALTHY_WINDOW_S)
+
+
+def test_a_recent_close_starts_the_window_after_it_settled() -> None:
+    end, seconds = healthy_window(1000.0, {"closed_at": 900.0}) or (0.0, 0.0)
+    assert end == 995.0
+    assert end - seconds == pytest.approx(900.0 + HEALTHY_SETTLE_S)
+    assert seconds < HEALTHY_WINDOW_S
+
+
+def test_too_little_clean_time_after_the_close_leaves_no_window() -> None:
+    closed = 1000.0 - 5.0 - HEALTHY_SETTLE_S - HEALTHY_LEAST_S + 1.0
+    assert healthy_window(1000.0, {"closed_at": closed}) is None
+    assert healthy_window(1000.0, {"closed_at": closed - 2.0}) is not None
+
+
+def test_the_compound_case_two_faults_back_to_back() -> None:
+    """The link event closed 20 s before the CPU fault's onset: its slow iterations fill the two minutes."""
+    assert healthy_window(5000.0, {"closed_at": 4980.0, "healthy_s": 0.37}) is None
