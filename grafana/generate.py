@@ -88,9 +88,13 @@ OVERVIEW: list[tuple[str, list[P]]] = [
           [Q(f"failslow_detector_suspect{{{J}}} > 0", instant=True, table=True)], w=6,
           description="Culprits the detector named for open events: kind (compute or link) and where."),
         P("Component health", "stat", [Q('up{job=~"failslow-.*"}', "{{job}} {{instance}}"),
-                                       Q("failslow_detector_last_poll_success", "detector polls Prometheus")], w=6,
-          description="`up` of every failslow scrape target (exporters, detector, remediator), and whether the "
-                      "detector's last poll of Prometheus succeeded.",
+                                       Q("failslow_detector_last_poll_success", "detector polls Prometheus"),
+                                       Q('count(count_values("shard", failslow_detector_shard)) '
+                                         '/ max(failslow_detector_shards)',
+                                         "detector shards with a replica (1 = all)")], w=6,
+          description="`up` of every failslow scrape target (exporters, detector replicas, remediator), whether "
+                      "the detector's last poll of Prometheus succeeded, and the share of detector shards some "
+                      "replica runs (below 1: a shard's jobs are not watched; DetectorShardMissing).",
           mappings=[{"type": "value", "options": {"0": {"text": "DOWN", "color": "red"},
                                                   "1": {"text": "up", "color": "green"}}}],
           thresholds=[(None, "red"), (1, "green")], options={"textMode": "value_and_name"}),

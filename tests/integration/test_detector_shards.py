@@ -212,7 +212,13 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
     wait_for("a later snapshot of replica 0", lambda: (snapshot_step() or 0) >= t_open + 10)
     # Replica 1 goes on alone and does not take over replica 0's jobs.
     pid1 = r1.proc.pid
+    assert prom_query(prom, 'ALERTS{alertname=~"DetectorShard.*"}') == []
     r0.stop(kill=True)
+    # The shipped DetectorShardMissing rule sees shard 0 gone (pending for its `for`); nothing is doubled.
+    missing = wait_for("DetectorShardMissing pending", lambda: prom_query(
+        prom, 'ALERTS{alertname="DetectorShardMissing"}'))
+    assert [a["metric"]["alertstate"] for a in missing] == ["pending"]
+    assert prom_query(prom, 'ALERTS{alertname="DetectorShardDoubled"}') == []
     time.sleep(10 * SCRAPE)
     m1 = r1.metrics()
     assert jobs_exported(m1) == set(JOBS[1]) and value(m1, "failslow_detector_series") == 12.0
@@ -225,6 +231,7 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
     assert value(m0, "failslow_detector_events_total", job=SLOW[0]) is None  # nothing opened anew
     assert json.loads(rc.hget(f"{PREFIX}:events", SLOW[0]))["events"] == 1
     assert "state loaded (shard 0 of 2): 12 series, 3 jobs, 1 open events" in r0.log.read_text()
+    wait_for("DetectorShardMissing gone", lambda: prom_query(prom, 'ALERTS{alertname="DetectorShardMissing"}') == [])
 
     # The other replica was not disturbed: same process, same jobs, its event still open and counted once.
     m1 = r1.metrics()
