@@ -14,6 +14,7 @@ shim:
 test: bootstrap
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 	@if [ -f shim/Makefile ]; then $(MAKE) -s -C shim test; fi
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 

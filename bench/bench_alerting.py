@@ -28,7 +28,7 @@ JOBS = 4
 def _chain(tmp: Path) -> tuple[list[float], dict[str, str]]:
     from prometheus_client import CollectorRegistry, Gauge, MetricsHandler
 
-    from failslow_cli.stack.alert_path import _shipped_settings
+    from failslow_cli.stack.alert_path import shipped_settings
     from failslow_cli.stack.processes import (
         WebhookReceiver,
         alertmanager,
@@ -76,7 +76,7 @@ def _chain(tmp: Path) -> tuple[list[float], dict[str, str]]:
         receiver.close()
         server.shutdown()
         server.server_close()
-    return sorted(got.values()), _shipped_settings()
+    return sorted(got.values()), shipped_settings()
 
 
 def run() -> str:

@@ -159,12 +159,7 @@ def _scrape(port: int) -> str:
 
 
 def bench_rss(tmp: Path) -> list[str]:
-    import socket
-
-    def free_port() -> int:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            return int(s.getsockname()[1])
+    from failslow_cli.stack.processes import free_port
 
     empty = tmp / "rss-empty"
     empty.mkdir()

@@ -625,6 +625,17 @@ def installed() -> bool:
     return _hook is not None
 
 
+def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """`fn` recorded as the collective `name` (``all_reduce``, ``broadcast`` …, with torch.distributed's
+    signature) by the installed hook, the way :func:`install` wraps torch.distributed's own: for a
+    collective of a library that does not go through ``torch.distributed``, or to time the hook alone
+    around a function that does nothing. Raises RuntimeError when the hook is not installed."""
+    h = _hook
+    if h is None:
+        raise RuntimeError("failslow.torchhook is not installed in this process: call install() first")
+    return _make_wrapper(h, name, fn)
+
+
 def ring_file() -> str | None:
     """Path of the ring this process writes (None before the first recorded call)."""
     h = _hook

@@ -115,7 +115,7 @@ class AlertPathResult:
         return "\n\n".join(parts)
 
 
-def _shipped_settings() -> dict[str, Any]:
+def shipped_settings() -> dict[str, Any]:
     prom = yaml.safe_load((PROMETHEUS_DIR / "prometheus.yml").read_text())["global"]
     rules = yaml.safe_load((PROMETHEUS_DIR / "rules" / "alerts.yml").read_text())
     rule = next(r for g in rules["groups"] for r in g["rules"] if r.get("alert") == "FailSlowDetected")
@@ -151,7 +151,7 @@ def run_alert_path(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str = DEFAULT_
     token = secrets.token_hex(16)
     spec = f"{fault},at={warmup_s:g},for={fault_s:g}"
     res = AlertPathResult(job=job, fault_spec=spec, fault_rank=fault_rank, token=token,
-                          settings={**_shipped_settings(), "poll_s": poll_s})
+                          settings={**shipped_settings(), "poll_s": poll_s})
     rings = tmp / "rings"
     rings.mkdir(parents=True)
     receiver = WebhookReceiver()

@@ -153,3 +153,5 @@ def test_install_from_env_is_opt_in_and_install_is_idempotent(gloo_job: tuple[Pa
         assert checks["still_off"] is True
         assert checks["wrapped_both_modules"] is True  # and a second install() changed nothing
         assert checks["restored"] is True  # uninstall() puts the original functions back
+        assert checks["wrap_needs_install"] is True  # wrap() before install() is an error, not a silent no-op
+        assert checks["wrap_is_hooked"] is True

@@ -27,6 +27,11 @@ def _opt_in_checks() -> dict[str, object]:
     except InputError as exc:
         out["bad_capacity"] = str(exc)
     out["still_off"] = not th.installed()
+    try:
+        th.wrap("all_reduce", print)
+        out["wrap_needs_install"] = False
+    except RuntimeError:
+        out["wrap_needs_install"] = True
     return out
 
 
@@ -42,6 +47,11 @@ def main() -> int:
                                       and getattr(dist.all_reduce, "_failslow_hook", False)
                                       and dist.all_reduce.__wrapped__.__name__ == "all_reduce")
 
+    def noop(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
+        return None
+
+    wrapped = th.wrap("all_reduce", noop)  # never called: it would add a record
+    checks["wrap_is_hooked"] = bool(getattr(wrapped, "_failslow_hook", False)) and wrapped.__wrapped__ is noop
     rank, ws = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     log: list[dict[str, object]] = []

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import threading
 import time
@@ -21,14 +20,10 @@ import requests
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
 
+from failslow_cli.stack.processes import free_port
+
 PROMETHEUS = "/usr/bin/prometheus"
 REDIS = "/usr/bin/redis-server"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait(pred: object, timeout: float, what: str) -> None:
