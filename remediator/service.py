@@ -468,6 +468,8 @@ class Remediator:
         view = JobView(
             now=now, pace_s=pace, healthy_s=healthy, model=model,
             microbatches=tuple(info.microbatches) if info is not None and info.microbatches else None,
+            default_microbatches=tuple(memory["default_microbatches"])
+            if memory.get("split_changed") and memory.get("default_microbatches") else None,
             placement=tuple(info.placement) if info is not None and info.placement else None,
             nodes=tuple(info.nodes) if info is not None else (),
             capabilities=adapter.capabilities() if adapter is not None else frozenset(),

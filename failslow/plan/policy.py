@@ -209,6 +209,8 @@ class JobView:
         healthy_s: Iteration time before onset (None: unknown).
         model: Calibrated pace model (None: no per-rank compute times).
         microbatches: Micro-batches per DP replica now (None: unknown).
+        default_microbatches: The job's own split, where the remediator changed it (None: unknown or
+            unchanged). A restart that leaves the slow node behind goes back to it.
         microbatch_upper: Per-replica upper bounds (memory), or None.
         placement: Node index of each rank (into `nodes`), or None.
         nodes: Names of the job's nodes.
@@ -224,6 +226,7 @@ class JobView:
     healthy_s: float | None = None
     model: PaceModel | None = None
     microbatches: tuple[int, ...] | None = None
+    default_microbatches: tuple[int, ...] | None = None
     microbatch_upper: int | tuple[int, ...] | None = None
     placement: tuple[int, ...] | None = None
     nodes: tuple[str, ...] = ()
@@ -413,8 +416,13 @@ def candidate(strategy: str, event: EventView, job: JobView, costs: Costs) -> Ca
             return Candidate(strategy, cost_s=cost,
                              why="no suspect node to exclude" + (" (validation cleared them)" if event.cleared else ""))
         ranks = sorted({s.rank for s in event.suspects if s.rank is not None})
-        # Off the bad node the job runs as it did before the onset.
-        return Candidate(strategy, {"exclude_nodes": exclude, "exclude_ranks": ranks},
+        params = {"exclude_nodes": exclude, "exclude_ranks": ranks}
+        if job.default_microbatches is not None and job.microbatches is not None \
+                and tuple(job.default_microbatches) != tuple(job.microbatches):
+            # the split that worked around the slow node would hold the healthy replica back once it is gone
+            params.update(counts=[int(c) for c in job.default_microbatches], **{"from": list(job.microbatches)})
+        # Off the bad node, with the job's own split, the job runs as it did before the onset.
+        return Candidate(strategy, params,
                          predicted_s=job.healthy_s, cost_s=cost, formed=True,
                          why="" if job.healthy_s is not None else "healthy pace unknown")
     if strategy == "validate":

@@ -13,9 +13,12 @@ Strategies and their parameters (``ActionRequest.params``):
   ``"paths": [[node a, node b, bandwidth share left]]`` (slow paths between nodes it did not convict);
 * ``rebalance`` — ``{"counts": [int]}``: micro-batches per DP replica from the next iteration boundary,
   the total unchanged;
-* ``topology`` — ``{"placement": [int]}``: restart with a new rank-to-node placement (node of each rank);
+* ``topology`` — ``{"placement": [int]}``: restart with a new rank-to-node placement (node of each rank),
+  with ``"counts"`` (and ``"from"``) when the placement was scored with another split;
 * ``restart`` — ``{"exclude_nodes": [str], "exclude_ranks": [int]}``: checkpoint-restart without the bad
-  nodes (onto spares where the framework has them, else drain and requeue).
+  nodes (onto spares where the framework has them, else drain and requeue); with ``"counts"`` (and
+  ``"from"``) when the remediator had changed the job's split: the job's own split to resume with, the
+  slow node gone (a requeued job that starts from its own configuration has it anyway).
 
 Idempotency: ``ActionRequest.id`` is unique per action and stable across remediator restarts. Adapters
 whose target can carry an idempotency key use it (the testbed's request files are named by it), so that

@@ -18,7 +18,7 @@ path the S3 planner can move), plus ``cleared_ranks``, ``cleared_nodes`` and the
 :mod:`failslow.plan.validate`), ``rebalance`` (the split applies at a near-future iteration boundary, the global batch and so
 the gradient unchanged: no pause), ``topology`` (checkpoint, stop, restart with the given rank-to-node
 placement; with ``counts``, the split the placement was scored with from the first boundary after it) and ``restart`` (S4: the same, without the excluded nodes — ``exclude_nodes``, plus the nodes of
-``exclude_ranks``). A job started with ``--spare-nodes N`` has idle nodes (the ``status`` answer's
+``exclude_ranks``; with ``counts``, the job's own split back from the first boundary after it). A job started with ``--spare-nodes N`` has idle nodes (the ``status`` answer's
 ``spare_nodes``): each excluded node's ranks then move, all together, onto a spare of their own
 (:func:`onto_spares`), so TP groups stay on one node and the traffic pattern is the one the job had; only
 when no spare is free do they spread over the healthy nodes that hold the fewest ranks (:func:`move_off`;
@@ -186,8 +186,10 @@ class Adapter:
             else:
                 placement, extra = self._exclude(before, p)
             resumed = self._request("restart", request.id, placement=placement)
-            counts = [int(c) for c in p.get("counts") or []] if request.strategy == "topology" else []
-            if counts:  # the split the placement was scored with, from the first boundary after the restart
+            # topology: the split the placement was scored with; restart: the job's own split, the slow node
+            # gone; either from the first boundary after the restart
+            counts = [int(c) for c in p.get("counts") or []]
+            if counts:
                 frm = self._request("set_microbatches", f"{request.id}-split", counts=counts)
                 extra = {**extra, "counts": counts, "counts_from_iteration": frm}
             return self._after_restart(request, before, placement, int(resumed), extra)

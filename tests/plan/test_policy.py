@@ -210,6 +210,21 @@ def test_a_restart_does_not_exclude_the_nodes_a_validation_cleared() -> None:
     assert one.strategy == "restart" and one.chosen.params["exclude_nodes"] == ["n1"]
 
 
+def test_a_restart_after_a_rebalance_resumes_with_the_jobs_own_split() -> None:
+    """The split that worked around the slow node would hold the healthy replica back once it is gone."""
+    ev = event(suspects=(Suspect("compute", 1, "n1"),), lost_s=500.0, validated=True,
+               actions=(PastAction("rebalance", "succeeded", ended_at=100.0),))
+    pol = Policy(approval=frozenset())
+    moved = decide(ev, job(microbatches=(6, 2), default_microbatches=(4, 4)), COSTS, pol, force="restart")
+    assert moved.strategy == "restart" and moved.chosen is not None
+    assert moved.chosen.params["exclude_nodes"] == ["n1"]
+    assert moved.chosen.params["counts"] == [4, 4] and moved.chosen.params["from"] == [6, 2]
+    # never changed (or back already): nothing to put back
+    for kw in ({"microbatches": (4, 4)}, {"microbatches": (4, 4), "default_microbatches": (4, 4)}):
+        plain = decide(ev, job(**kw), COSTS, pol, force="restart")
+        assert plain.chosen is not None and "counts" not in plain.chosen.params
+
+
 def test_rejected_strategy_is_not_planned_again_in_the_event() -> None:
     ev = event(suspects=(Suspect("link", None, "n2"),), lost_s=500.0, validated=True,
                actions=(PastAction("restart", "rejected", ended_at=100.0),))
