@@ -144,7 +144,7 @@ class Engine:
         verdict = self._det.update(x)
         fresh = ~np.isnan(x)
         self.last[fresh] = x[fresh]
-        return self._jobs_step(ts, verdict.failslow, verdict.onset, verdict.slowdown)
+        return self._jobs_step(ts, verdict.failslow, verdict.onset, verdict.slowdown, verdict.baseline)
 
     def onset_time(self, index: int) -> float:
         """Timestamp of the poll that produced sample ``index`` (NaN when it left the ring)."""
@@ -162,7 +162,8 @@ class Engine:
             self._job_slots_n = len(self.keys)
         return self._job_names, self._job_ids
 
-    def _jobs_step(self, ts: float, failslow: np.ndarray, onset: np.ndarray, slowdown: np.ndarray) -> list[Change]:
+    def _jobs_step(self, ts: float, failslow: np.ndarray, onset: np.ndarray, slowdown: np.ndarray,
+                   baseline: np.ndarray | None = None) -> list[Change]:
         names, ids = self._job_index()
         n = len(names)
         seen = ~np.isnan(self.last)
@@ -192,7 +193,14 @@ class Engine:
                 ev.opened_ts = ts
                 ev.closed_ts = 0.0
                 ev.ratio = ev.peak = ratio
-                ev.baseline = level / ratio if ratio > 0 else level
+                # The healthy level the ranks' detectors measure the slowdown against. Not the level of this
+                # poll over the ratio: the poll that confirms a short slowdown can be its first healthy
+                # sample (or the quorum is reached a poll after it ended), and a baseline read off it sits
+                # a whole slowdown below the healthy level, so the level was never "back" and the event
+                # never closed.
+                base = baseline[sl][slow] if baseline is not None else np.zeros(0)
+                base = base[np.isfinite(base) & (base > 0)]
+                ev.baseline = float(np.median(base)) if base.size else (level / ratio if ratio > 0 else level)
                 ev.suspects = []
                 ev.events += 1
                 changes.append(Change("opened", ev))

@@ -8,8 +8,11 @@ What it is for: turning BOCD's run-length posterior into change points a human s
   of the new regime exist it compares robust levels: the median of up to ``before`` samples preceding
   ``c`` (never crossing the last confirmed change) against the median of the samples since ``c``.
   The change is confirmed when the levels differ by at least ``threshold`` of the level before (10 % by
-  default, as in FALCON) *and* by ``z`` standard errors (the spread is the MAD of the samples before), so a
-  noisy series waits for a few more samples instead of paging on jitter. A candidate is re-examined as
+  default, as in FALCON) *and* by ``z`` standard errors (the spread is the larger MAD of the two regimes), so
+  a noisy series waits for a few more samples instead of paging on jitter. The level after must also stand
+  off where the trend before would have taken the old regime (a robust line through the last ``before``
+  samples, and through their logarithms: :func:`_beyond_trend`), and must not repeat what the series did one
+  period earlier when it was already repeating itself (:func:`_seasonal`). A candidate is re-examined as
   samples arrive, up to ``n_max`` samples after it, then dropped.
 
 Why this survives real jobs: a checkpoint or evaluation spike every N iterations makes BOCD restart, but
@@ -17,7 +20,7 @@ a median over at least ``n_min`` samples ignores a lone spike; missing samples t
 (the windows are the last observed samples, so a gap of any length leaves the regime before it to compare
 with); warm-up shows up as a downward change (a speed-up), which never opens a fail-slow
 event; slow drift never moves the median of the next few samples 10 % away from that of the previous
-ones.
+ones, and a faster trend (growth, a ramp in small stairs) is extrapolated rather than taken for a change.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from failslow.bocd import BOCD, BOCDConfig
-from failslow.detect import BatchVerdict, EventTracker
+from failslow.detect import SETTLE, BatchVerdict, EventTracker
 from failslow.errors import InputError
 
 FloatArray = NDArray[np.float64]
@@ -164,11 +167,17 @@ class History:
         The result has ``self.width`` columns, in time order; which columns hold the samples does not
         matter to the medians and quantiles read from it.
         """
+        return self.window_at(rows, lo, hi, width)[0]
+
+    def window_at(self, rows: IntArray, lo: IntArray, hi: IntArray,
+                  width: int) -> tuple[FloatArray, FloatArray]:
+        """:meth:`window` and the time index of each of its samples (NaN where the value is NaN)."""
         vals, times = self.recent(rows, self.width), self.recent_times(rows, self.width)
         sel = (times >= 0) & (times >= lo[:, None]) & (times < hi[:, None])
         # Selected samples at or after each column: keep the last `width` of them.
         later = np.cumsum(sel[:, ::-1], axis=1)[:, ::-1]
-        return np.where(sel & (later <= width), vals, np.nan)
+        keep = sel & (later <= width)
+        return np.where(keep, vals, np.nan), np.where(keep, times.astype(np.float64), np.nan)
 
 
 def _nanmedian_rows(a: FloatArray) -> FloatArray:
@@ -183,6 +192,178 @@ def _nanmedian_rows(a: FloatArray) -> FloatArray:
     lo = s[r, (n[r] - 1) // 2]
     hi = s[r, n[r] // 2]
     out[r] = 0.5 * (lo + hi)
+    return out
+
+
+TREND_Z = 2.0
+"""Standard errors by which the second half of the samples before a candidate must sit above (or below) the
+first half for the verification to extrapolate their trend."""
+
+
+def _line_level(y: FloatArray, bt: FloatArray, at: FloatArray, own: NDArray[np.bool_]) -> FloatArray:
+    """Where a robust line through ``y`` (NaN = absent; ``bt`` the time indices) stands at the median of ``at``.
+
+    Its slope joins the medians (of value and of time) of the first and second half of the samples. Medians
+    of halves ignore the spikes a least-squares fit would follow. The slope is kept only where the rise
+    between the halves stands ``TREND_Z`` standard errors (of a difference of two medians, from the scatter
+    about a line through their overall median) out of the noise, and with at least four samples: on a flat
+    series jitter does not tilt the line.
+
+    The line passes through the median of the samples ``own`` (all of ``y`` but where
+    :func:`_trend_levels` says otherwise) at their median time.
+    """
+    ok = ~np.isnan(y)
+    nb = ok.sum(axis=1)
+    rank = np.cumsum(ok, axis=1) - 1
+    half = (nb // 2)[:, None]
+    first = ok & (rank < half)
+    second = ok & (rank >= nb[:, None] - half)
+    m1 = _nanmedian_rows(np.where(first, y, np.nan))
+    m2 = _nanmedian_rows(np.where(second, y, np.nan))
+    t1 = _nanmedian_rows(np.where(first, bt, np.nan))
+    t2 = _nanmedian_rows(np.where(second, bt, np.nan))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        slope = np.where(nb >= 4, (m2 - m1) / (t2 - t1), 0.0)
+    slope = np.where(np.isfinite(slope), slope, 0.0)
+    my = _nanmedian_rows(y)
+    tb = _nanmedian_rows(np.where(ok, bt, np.nan))
+    resid = y - (my[:, None] + slope[:, None] * (bt - tb[:, None]))
+    sigma = 1.4826 * _nanmedian_rows(np.abs(resid))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        se = 1.2533 * sigma * np.sqrt(2.0 / np.maximum(nb // 2, 1))
+        steady = np.abs(m2 - m1) > TREND_Z * se
+    slope = np.where(steady, slope, 0.0)
+    mine = ok & own
+    my_own = _nanmedian_rows(np.where(mine, y, np.nan))
+    tb_own = _nanmedian_rows(np.where(mine, bt, np.nan))
+    # (No sample of the regime among y cannot happen for a candidate, which needs min_before of them.)
+    my_own = np.where(np.isnan(my_own), my, my_own)
+    tb_own = np.where(np.isnan(tb_own), tb, tb_own)
+    out: FloatArray = my_own + slope * (_nanmedian_rows(at) - tb_own)
+    return out
+
+
+def _trend_levels(before: FloatArray, bt: FloatArray, at: FloatArray, start: IntArray,
+                  ma: FloatArray) -> FloatArray:
+    """The levels the regime before a candidate would have reached by the samples after it, had it gone on.
+
+    Two extrapolations, one column each: an additive trend (a straight line through the samples before)
+    and, where every sample before is positive, a multiplicative one (a straight line through their
+    logarithms: growth by a steady factor, which a straight line falls behind); elsewhere the second
+    column repeats the first. ``bt``/``at``: time indices of the samples before/after (NaN = absent);
+    ``start``: first time index of the current regime; ``ma``: the level after.
+
+    The samples before reach back across the last confirmed change (at ``start``) so that one stair of a
+    staircase does not hide the slope the next stair continues; the lines then pass through the median of
+    all of them. A candidate that goes back toward the level from before that change does not continue it,
+    it ends the excursion: for it the lines pass through the median of the current regime's own samples.
+    Through the median of all, after a slowdown of a few samples, they stood at the healthy level from
+    before the slowdown (most of the samples), so its end, a return to exactly that level, never stood off
+    the "trend" and the event stayed open. Where the regime holds every sample before, both are the same.
+    """
+    with np.errstate(invalid="ignore"):
+        own = bt >= np.asarray(start, dtype=np.float64)[:, None]
+        m_own = _nanmedian_rows(np.where(own, before, np.nan))
+        m_pre = _nanmedian_rows(np.where(~own, before, np.nan))
+        back = np.sign(ma - m_own) * np.sign(m_pre - m_own) > 0  # False where no sample precedes the regime
+    own = own | ~back[:, None]
+    lin = _line_level(before, bt, at, own)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        positive = np.all(np.isnan(before) | (before > 0), axis=1)
+        logy = np.log(np.where(positive[:, None] & (before > 0), before, np.nan))
+        mult = np.exp(_line_level(logy, bt, at, own))
+    return np.stack([lin, np.where(positive & np.isfinite(mult), mult, lin)], axis=1)
+
+
+def _beyond_trend(mb: FloatArray, ma: FloatArray, trends: FloatArray, se: FloatArray,
+                  v: VerifyConfig) -> NDArray[np.bool_]:
+    """Whether the level after also departs from every trend before, by as much and on the same side.
+
+    A steady rise (a growing series, a ramp of the batch size) moves the median after away from the
+    median before by however far the trend ran in between; it is not a change. A change must stand off
+    the flat level *and* each extrapolated trend (``trends``, one column each) by ``threshold`` of the
+    level before and ``z`` standard errors.
+    """
+    d = ma[:, None] - trends
+    with np.errstate(invalid="ignore"):
+        each = ((np.abs(d) >= v.threshold * np.abs(mb)[:, None]) & (np.abs(d) >= v.z * se[:, None])
+                & (np.sign(d) == np.sign(ma - mb)[:, None]))
+    out: NDArray[np.bool_] = each.all(axis=1)
+    return out
+
+
+def _lagged(d: FloatArray, first: IntArray, count: IntArray, lag: int, width: int) -> FloatArray:
+    """``d[:, k + lag]`` for ``k`` in ``first .. first + count - 1`` (up to ``width`` per row), NaN elsewhere."""
+    k = first[:, None] + np.arange(width)[None, :] + lag
+    ok = (np.arange(width)[None, :] < count[:, None]) & (k < d.shape[1])
+    got = np.take_along_axis(d, np.clip(k, 0, d.shape[1] - 1), axis=1)
+    out: FloatArray = np.where(ok, got, np.nan)
+    return out
+
+
+def _by_age(vals: FloatArray, times: NDArray[np.integer[Any]], t: int, width: int) -> FloatArray:
+    """Samples laid out by age (column ``k`` = taken at ``t - k``), NaN where none is held."""
+    age = t - np.asarray(times, dtype=np.int64)
+    ok = (np.asarray(times) >= 0) & (age >= 0) & (age < width) & ~np.isnan(vals)
+    out = np.full((vals.shape[0], width), np.nan)
+    r, j = np.nonzero(ok)
+    out[r, age[r, j]] = vals[r, j]
+    return out
+
+
+def _seasonal(d: FloatArray, n_after: IntArray, regime: IntArray, mb: FloatArray,
+              v: VerifyConfig) -> NDArray[np.bool_]:
+    """Whether the new regime repeats what the series did one period earlier, for a period it already showed.
+
+    ``d[:, k]`` is the sample taken ``k`` steps before the latest one (NaN when missing or no longer held);
+    the new regime is ``k < n_after``. For a lag ``P`` (at least ``n_after``, so the lagged samples all
+    precede the change, and small enough that ``n_min`` samples before the change have partners ``P``
+    earlier in the held history: up to ``history - 2 n_min`` = 39 samples by default) the regime is
+    seasonal when its samples match those ``P`` steps earlier (median absolute difference under half the
+    threshold) *and* the samples before the change match theirs ``P`` steps earlier too: the series was
+    already repeating itself with that period. A level shift
+    matches neither (the lagged samples are the old level); a flat series matches itself at every lag
+    before the change but not after it.
+
+    ``regime``: ages below it (``k < regime``) belong to the regime since the last confirmed change. Those
+    of its samples that are among the samples before the change must match theirs ``P`` earlier as well:
+    a periodic series repeats itself in any stretch. Otherwise, after a slowdown of a few samples, the
+    samples before its end would be mostly the healthy level from before it (matching its lag), its end
+    (back to that level) would match the samples ``P`` earlier, and the end would pass for a season.
+    """
+    tol = 0.5 * v.threshold * np.abs(mb)
+    out = np.zeros(d.shape[0], dtype=bool)
+    zero = np.zeros(d.shape[0], dtype=np.int64)
+    cur_after = _lagged(d, zero, n_after, 0, v.n_max)
+    own = np.arange(v.n_max)[None, :] < (regime - n_after)[:, None]  # columns of cur_bef in the regime
+    for lag in range(v.n_min, d.shape[1] - 2 * v.n_min + 1):
+        room = d.shape[1] - lag - n_after  # samples before the change that still have a lagged partner
+        n_bef = np.minimum(v.n_max, room)
+        usable = (n_after <= lag) & (n_bef >= v.n_min)
+        if not usable.any():
+            continue
+        lag_after = _lagged(d, zero, n_after, lag, v.n_max)
+        cur_bef = _lagged(d, n_after, np.maximum(n_bef, 0), 0, v.n_max)
+        lag_bef = _lagged(d, n_after, np.maximum(n_bef, 0), lag, v.n_max)
+        with np.errstate(invalid="ignore"):
+            da = _nanmedian_rows(np.abs(cur_after - lag_after))
+            dif = np.abs(cur_bef - lag_bef)
+            db = _nanmedian_rows(dif)
+            mine = np.where(own, dif, np.nan)
+            d_own = np.where(np.isnan(mine).all(axis=1), 0.0, _nanmedian_rows(mine))
+            out |= usable & (da <= tol) & (db <= tol) & (d_own <= tol)
+    return out
+
+
+def _ends_event(tracker: EventTracker, rows: IntArray, ma: FloatArray) -> NDArray[np.bool_]:
+    """Whether a change of `rows` to the levels `ma` would end their open fail-slow events.
+
+    The trend and season checks keep a trend, a drift or a season from opening an event or moving the
+    reference; they do not judge the end of an event. A recovery in stairs (a mitigation undone step by step:
+    1.03, 0.70, 0.59, 0.45, then 0.38 s against 0.42 s healthy, on the testbed) reads as a trend the next
+    stair continues, so with the checks its last stairs were never confirmed and the event never closed.
+    """
+    out: NDArray[np.bool_] = tracker.would_end(rows, ma)
     return out
 
 
@@ -214,12 +395,15 @@ class _BOCDBase:
     def __post_init__(self) -> None:
         self._model = BOCD(self.n_series, self.bocd)
         self._hist = History(self.n_series, self.verify.history)
-        self._tracker = EventTracker(self.n_series, self._event_threshold())
+        self._tracker = EventTracker(self.n_series, self._event_threshold(), self._event_settle())
         self._start = np.zeros(self.n_series, dtype=np.int64)  # first index of the current regime
         self.t = -1
 
     def _event_threshold(self) -> float:
         return self.verify.threshold
+
+    def _event_settle(self) -> int:
+        return SETTLE
 
     def grow(self, n_series: int) -> None:
         """Append fresh series (they start their first regime at the next sample)."""
@@ -251,7 +435,8 @@ class _BOCDBase:
 
     def _levels(self, rows: IntArray, c: IntArray) -> tuple[FloatArray, FloatArray, FloatArray, FloatArray,
                                                               FloatArray, FloatArray]:
-        """Medians before/after candidate starts ``c``, their sample counts and the spread before."""
+        """Medians before/after candidate starts ``c``, their sample counts, the spread before and the
+        samples after."""
         v = self.verify
         before = self._hist.window(rows, self._start[rows], c, v.before)
         after = self._hist.window(rows, c, np.full(rows.shape[0], self.t + 1, dtype=np.int64), v.n_max)
@@ -262,13 +447,30 @@ class _BOCDBase:
         mad = _nanmedian_rows(np.abs(before - mb[:, None]))
         return mb, ma, nb, na, mad, after
 
+    def _trends(self, rows: IntArray, c: IntArray, ma: FloatArray) -> FloatArray:
+        """:func:`_trend_levels` for candidate starts ``c``.
+
+        The trend is read from the last ``before`` samples before ``c`` across earlier confirmed changes
+        too: after one stair of a staircase (a batch-size ramp, a growing series) the regime since it is
+        too short to show the trend that the next stair continues.
+        """
+        v = self.verify
+        lead, lt = self._hist.window_at(rows, np.zeros(rows.shape[0], dtype=np.int64), c, v.before)
+        _, at = self._hist.window_at(rows, c, np.full(rows.shape[0], self.t + 1, dtype=np.int64), v.n_max)
+        return _trend_levels(lead, lt, at, self._start[rows], ma)
+
+    def _lags(self, rows: IntArray) -> FloatArray:
+        """The held samples of ``rows`` by age: column ``k`` is the sample taken ``k`` steps before the latest."""
+        vals, times = self._hist.recent(rows, self._hist.width), self._hist.recent_times(rows, self._hist.width)
+        return _by_age(vals, times, self.t, self._hist.width)
+
     def _verdict(self, changed: NDArray[np.bool_], index: IntArray, prob: FloatArray, lb: FloatArray,
                  la: FloatArray) -> BatchVerdict:
         opened, recovered = self._tracker.observe(changed, index, lb, la)
         return BatchVerdict(t=self.t, changed=changed, index=index, probability=prob, level_before=lb,
                             level_after=la, failslow=self._tracker.open.copy(), opened=opened,
                             recovered=recovered, onset=self._tracker.onset.copy(),
-                            slowdown=self._tracker.slowdown())
+                            slowdown=self._tracker.slowdown(), baseline=self._tracker.open_baseline())
 
     def _step(self, x: NDArray[np.floating[Any]]) -> tuple[FloatArray, IntArray, FloatArray]:
         xv = np.asarray(x, dtype=np.float64).reshape(-1)
@@ -377,13 +579,27 @@ class VerifiedBOCD(_BOCDBase):
         if cand.any():
             rows = np.flatnonzero(cand)
             mb, ma, nb, na, mad, after = self._levels(rows, c[rows])
-            sigma = np.maximum(1.4826 * mad, self.bocd.scale_floor * np.abs(mb))
+            # The spread is the larger of the two regimes': a change must stand out of the noise of both.
+            mad_a = _nanmedian_rows(np.abs(after - ma[:, None]))
+            sigma = np.maximum(1.4826 * np.fmax(mad, mad_a), self.bocd.scale_floor * np.abs(mb))
             diff = np.abs(ma - mb)
             with np.errstate(invalid="ignore", divide="ignore"):
                 se = sigma * np.sqrt(1.0 / np.maximum(na, 1.0) + 1.0 / np.maximum(nb, 1.0))
                 ok = ((na >= v.n_min) & (nb >= v.min_before) & (diff >= v.threshold * np.abs(mb))
                       & (diff >= v.z * se) & (diff > 0)
                       & _consistent(after, mb, ma, v.threshold, v.consistency))
+            # The costlier trend and season checks only for what passed the rest, and never for a change
+            # that ends an open event (:func:`_ends_event`).
+            free = ok & ~_ends_event(self._tracker, rows, ma)
+            if free.any():
+                sub = np.flatnonzero(free)
+                ok[sub] = _beyond_trend(mb[sub], ma[sub], self._trends(rows[sub], c[rows[sub]], ma[sub]),
+                                        se[sub], v)
+            free &= ok
+            if free.any():
+                sub = np.flatnonzero(free)
+                ok[sub] = ~_seasonal(self._lags(rows[sub]), t + 1 - c[rows[sub]],
+                                    t + 1 - self._start[rows[sub]], mb[sub], v)
             hit = rows[ok]
             changed[hit] = True
             index[hit] = c[hit]
@@ -392,6 +608,11 @@ class VerifiedBOCD(_BOCDBase):
             la[hit] = ma[ok]
             self._start[hit] = c[hit]
             self._ref[hit] = ma[ok]
+            # A persistence candidate that is no change means the reference level was wrong (a first
+            # iteration 100x slower than the rest keeps an average high for a hundred samples): it becomes
+            # the level the samples now sit at, so the next real change is measured from there.
+            stray = np.isin(rows, extra_rows) & ~ok & (na >= v.n_min) & (nb >= v.min_before)
+            self._ref[rows[stray]] = ma[stray]
         return self._verdict(changed, index, p, lb, la)
 
 
@@ -406,6 +627,10 @@ class PlainBOCD(_BOCDBase):
     def _event_threshold(self) -> float:
         # Without verification any rise is a slowdown alarm; that is what makes this a baseline.
         return 0.0
+
+    def _event_settle(self) -> int:
+        # Any rise, also the end of a speed-up: FALCON's baseline as it was defined.
+        return 0
 
     def grow(self, n_series: int) -> None:
         """Append fresh series."""
@@ -470,6 +695,14 @@ def _levels_1d(x: FloatArray, obs: IntArray, start: int, c: int,
     return mb, ma, nb, na, mad, after
 
 
+def _trends_1d(x: FloatArray, obs: IntArray, start: int, c: int, ma: float, v: VerifyConfig) -> FloatArray:
+    """:meth:`_BOCDBase._trends` of one series (``obs`` as for :func:`_levels_1d`)."""
+    lead = obs[obs < c][-v.before:]
+    a = obs[obs >= c][-v.n_max:]
+    return _trend_levels(x[lead][None, :], lead.astype(np.float64)[None, :], a.astype(np.float64)[None, :],
+                         np.array([start]), np.array([ma]))
+
+
 class _Observed:
     """The time indices of the last ``width`` observed samples of one series, as :class:`History` keeps."""
 
@@ -497,11 +730,14 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
     ref, ref_n = float("nan"), 0
     thr = v.threshold
     seen = _Observed(xs, v.history)
+    events = EventTracker(1, v.threshold)  # what detect_series makes of the changes, for _ends_event
+    zero, one = np.zeros(1, dtype=np.int64), np.ones(1, dtype=bool)
     for t in range(xs.shape[0]):
         run = int(run_arr[t])
         c = t - run
         prob = float(tr.probability[t])
         is_cand = v.n_min <= run + 1 <= v.n_max and run < last_bin and c - start >= v.min_before
+        persisted = False
         stale = run + 1 > v.n_max or c - start < v.min_before
         obs = seen.upto(t)
         if (not is_cand and stale and ref_n >= v.min_before and obs.size >= v.n_min
@@ -519,7 +755,7 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
                     k += 1
                 c = int(obs[-k])
                 prob = float(tr.cdf[t, min(t - c, last_bin)])
-                is_cand = True
+                is_cand = persisted = True
         xt = xs[t]
         if xt == xt:
             if ref_n == 0:
@@ -529,14 +765,22 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
         if not is_cand:
             continue
         mb, ma, nb, na, mad, after = _levels_1d(xs, obs, start, c, v)
-        sigma = max(1.4826 * mad, bcfg.scale_floor * abs(mb))
+        mad_a = float(_nanmedian_rows(np.abs(after - ma))[0]) if after.shape[1] else float("nan")
+        sigma = max(1.4826 * float(np.fmax(mad, mad_a)), bcfg.scale_floor * abs(mb))
         diff = abs(ma - mb)
         se = sigma * float(np.sqrt(1.0 / max(na, 1) + 1.0 / max(nb, 1)))
+        mba, maa = np.array([mb]), np.array([ma])
         if na >= v.n_min and nb >= v.min_before and diff >= v.threshold * abs(mb) and diff >= v.z * se \
-                and diff > 0 and bool(_consistent(after, np.array([mb]), np.array([ma]), v.threshold,
-                                                  v.consistency)[0]):
+                and diff > 0 and bool(_consistent(after, mba, maa, v.threshold, v.consistency)[0]) \
+                and (bool(_ends_event(events, zero, maa)[0])
+                     or (bool(_beyond_trend(mba, maa, _trends_1d(xs, obs, start, c, ma, v), np.array([se]), v)[0])
+                     and not bool(_seasonal(_by_age(xs[obs][None, :], obs[None, :], t, v.history),
+                                            np.array([t + 1 - c]), np.array([t + 1 - start]), mba, v)[0]))):
             out.append((t, c, prob, mb, ma))
+            events.observe(one, np.array([c]), mba, maa)
             start = c
+            ref = ma
+        elif persisted and na >= v.n_min and nb >= v.min_before:
             ref = ma
     return out
 

@@ -106,7 +106,7 @@ class WindowMedian:
         return BatchVerdict(t=self.t, changed=changed, index=index, probability=p, level_before=lb,
                             level_after=la, failslow=self._tracker.open.copy(), opened=opened,
                             recovered=recovered, onset=self._tracker.onset.copy(),
-                            slowdown=self._tracker.slowdown())
+                            slowdown=self._tracker.slowdown(), baseline=self._tracker.open_baseline())
 
 
 def window_changes(x: NDArray[np.floating[Any]], width: int = 10,

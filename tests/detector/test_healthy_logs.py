@@ -57,3 +57,13 @@ def test_the_collection_is_what_the_manifest_lists() -> None:
 def test_healthy_run_raises_no_slowdown(path: Path) -> None:
     x = np.array(_load(path)["seconds"])
     assert _opened(x) == []
+
+
+@pytest.mark.parametrize("path", RUNS, ids=[p.stem for p in RUNS])
+def test_the_same_run_with_a_slowdown_alarms_where_it_starts(path: Path) -> None:
+    x = np.array(_load(path)["seconds"])
+    start = max(8, int(0.6 * x.shape[0]))
+    slow = x.copy()
+    slow[start:] *= 1.5
+    onsets = _opened(slow)
+    assert len(onsets) == 1 and abs(onsets[0] - start) <= 2, (onsets, start)
