@@ -46,14 +46,21 @@ def _codes(values: list[str]) -> npt.NDArray[np.int64]:
     return inv.astype(np.int64)
 
 
-def _float(v: str, what: str, line: int) -> float:
+def finite_float(v: object, what: str, where: str) -> float:
+    """`v` (a number or its text) as a finite float; else an InputError saying ``where: what v is not ...``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise InputError(f"{where}: no numeric {what!r} (got {v!r})")
     try:
         x = float(v)
     except ValueError:
-        raise InputError(f"line {line}: {what} {v!r} is not a number") from None
+        raise InputError(f"{where}: {what} {v!r} is not a number") from None
     if not np.isfinite(x):
-        raise InputError(f"line {line}: {what} {v!r} is not finite")
+        raise InputError(f"{where}: {what} {v!r} is not finite")
     return x
+
+
+def _float(v: str, what: str, line: int) -> float:
+    return finite_float(v, what, f"line {line}")
 
 
 def _finish(t: list[float], op: list[str], comm: list[str], nb: list[str], dur: list[float],

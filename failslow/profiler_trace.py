@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from failslow.errors import InputError
-from failslow.period_io import Calls
+from failslow.period_io import Calls, finite_float
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z0-9_]+)")
@@ -89,16 +89,7 @@ def decompress(data: bytes, name: str = "trace") -> bytes:
 
 
 def _num(e: dict[str, Any], key: str, name: str, i: int) -> float:
-    v = e.get(key)
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise InputError(f"{name}: event {i} ({e.get('name')!r}) has no numeric {key!r}")
-    try:
-        x = float(v)
-    except ValueError:
-        raise InputError(f"{name}: event {i} ({e.get('name')!r}): {key} {v!r} is not a number") from None
-    if not np.isfinite(x):
-        raise InputError(f"{name}: event {i} ({e.get('name')!r}): {key} {v!r} is not finite")
-    return x
+    return finite_float(e.get(key), key, f"{name}: event {i} ({e.get('name')!r})")
 
 
 def _args(e: dict[str, Any]) -> dict[str, Any]:
