@@ -82,17 +82,32 @@ def fmt(x: Any, d: int = 3, unit: str = " s") -> str:
     return "–" if x is None else f"{float(x):.{d}f}{unit}"
 
 
-def line(name: str, r: dict[str, Any]) -> str:
-    first = r.get("first") or {}
+def paces(r: dict[str, Any]) -> str:
+    """A row's healthy, fail-slow and mitigated cells and the share of the slowdown removed."""
     h, s, m = r.get("healthy"), r.get("slow"), r.get("mitigated")
     red = f"{(s - m) / (s - h):.0%}" if h and s and m and s > h else "–"
-    pred = (first.get("predicted") or {}).get("pace_s")
+    return f"{fmt(h)} | {fmt(s)} | {fmt(m)} | {red}"
+
+
+def prediction(r: dict[str, Any]) -> str:
+    """The first action's predicted pace and its error against the mitigated pace."""
+    pred = ((r.get("first") or {}).get("predicted") or {}).get("pace_s")
+    m = r.get("mitigated")
     err = f"{(float(pred) - m) / m:+.1%}" if pred and m else "–"
-    meas = first.get("measured") or {}
-    strat = ", ".join(f"{a['strategy']} {a.get('params', {}).get('counts', '')}".strip() for a in r["actions"]) \
+    return f"{fmt(pred)} / {err}"
+
+
+def actions(r: dict[str, Any], param: str) -> str:
+    """The row's actions, each with its parameter `param` (the split, the placement)."""
+    return ", ".join(f"{a['strategy']} {a.get('params', {}).get(param, '')}".strip() for a in r["actions"]) \
         or "none"
-    return (f"| {name} | {fmt(h)} | {fmt(s)} | {fmt(m)} | {red} | {strat} | {fmt(r.get('fault_to_action'), 1)} | "
-            f"{fmt(first.get('decision_latency_s'))} | {fmt(meas.get('duration_s'))} | {fmt(pred)} / {err} |")
+
+
+def line(name: str, r: dict[str, Any]) -> str:
+    first = r.get("first") or {}
+    meas = first.get("measured") or {}
+    return (f"| {name} | {paces(r)} | {actions(r, 'counts')} | {fmt(r.get('fault_to_action'), 1)} | "
+            f"{fmt(first.get('decision_latency_s'))} | {fmt(meas.get('duration_s'))} | {prediction(r)} |")
 
 
 HEADER = ["| case | healthy | fail-slow | mitigated | slowdown reduced | actions | fault → action | decision | "

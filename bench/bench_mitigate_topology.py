@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from bench.bench_mitigate import AFTER_S, fmt, row
+from bench.bench_mitigate import AFTER_S, actions, fmt, paces, prediction, row
 
 TITLE = "Mitigation on the testbed: S3 against a congested DP link (FALCON Fig. 15)"
 RATE = "20mbit"
@@ -43,16 +43,9 @@ def _pauses(r: dict[str, Any]) -> tuple[float | None, float | None, int | None]:
 
 
 def _s3_line(name: str, r: dict[str, Any]) -> str:
-    first = r.get("first") or {}
-    h, s, m = r.get("healthy"), r.get("slow"), r.get("mitigated")
-    red = f"{(s - m) / (s - h):.0%}" if h and s and m and s > h else "–"
-    pred = (first.get("predicted") or {}).get("pace_s")
-    err = f"{(float(pred) - m) / m:+.1%}" if pred and m else "–"
     val, pause, lost = _pauses(r)
-    acts = ", ".join(f"{a['strategy']} {a.get('params', {}).get('placement', '')}".strip() for a in r["actions"]) \
-        or "none"
-    return (f"| {name} | {fmt(h)} | {fmt(s)} | {fmt(m)} | {red} | {acts} | {fmt(r.get('fault_to_action'), 1)} | "
-            f"{fmt(val, 2)} | {fmt(pause, 2)} / {lost if lost is not None else '–'} | {fmt(pred)} / {err} |")
+    return (f"| {name} | {paces(r)} | {actions(r, 'placement')} | {fmt(r.get('fault_to_action'), 1)} | "
+            f"{fmt(val, 2)} | {fmt(pause, 2)} / {lost if lost is not None else '–'} | {prediction(r)} |")
 
 
 S3_HEADER = ["| case | healthy | fail-slow | mitigated | slowdown reduced | actions (placement) | fault → action | "
