@@ -10,8 +10,9 @@ Queries (``J`` = the job label):
   labels (the pace model's input);
 * onset: ``max(failslow_detector_onset_timestamp_seconds{job=J})`` and the detector's
   ``failslow_detector_slowdown_ratio``;
-* healthy pace: ``quantile(0.5, avg_over_time(failslow_iteration_duration_seconds{job=J}[2m]))`` evaluated
-  just before the onset; the window is shortened so that it starts after the job's previous event closed
+* healthy pace: ``quantile(0.5, quantile_over_time(0.5, failslow_iteration_duration_seconds{job=J}[2m]))``
+  evaluated just before the onset (medians: the slow first iterations after a start or a restart, and
+  checkpoint spikes, do not lift it as they lift an average); the window is shortened so that it starts after the job's previous event closed
   (the service falls back to that event's healthy pace when too little is left).
 
 Reading (HTTP) is separated from parsing (:func:`parse_vector`, pure).
@@ -142,5 +143,5 @@ class Prometheus:
         """The job's iteration time over the `window_s` seconds (two minutes by default) before `onset_ts`."""
         sel = f'job="{_esc(job)}"'
         win = f"{max(1, int(window_s))}s"
-        return self.scalar(f"quantile(0.5, avg_over_time(failslow_iteration_duration_seconds{{{sel}}}[{win}]))",
-                           at=onset_ts)
+        return self.scalar(f"quantile(0.5, quantile_over_time(0.5, "
+                           f"failslow_iteration_duration_seconds{{{sel}}}[{win}]))", at=onset_ts)
