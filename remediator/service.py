@@ -121,7 +121,8 @@ def healthy_window(onset: float, last_closed: dict[str, Any] | None) -> tuple[fl
 
 def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: PaceModel | None,
               pace: float | None, validated: dict[str, Any] | None = None,
-              healthy: float | None = None, rebalance: bool = False) -> tuple[TopologyOption, ...]:
+              healthy: float | None = None, rebalance: bool = False,
+              known_paths: Sequence[Sequence[Any]] = ()) -> tuple[TopologyOption, ...]:
     """S3 placements for the planner: the suspects' slowness scored by the topology planner (empty when the
     job's shape is unknown, nothing is suspected, or the plan refused).
 
@@ -132,11 +133,15 @@ def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: Pac
     measurements as the pace: calibrating it on the healthy pace overstated the slow placement 2x). With
     `rebalance` (the adapter can also set the split) every placement is scored under its own best micro-batch
     split, which the topology action then applies: slow GPUs gathered into one replica pay only that way.
+    `known_paths` are slow paths earlier validations of the job measured (:func:`remember_paths`): a move made
+    for this event must not put traffic back onto them.
     """
     if validated is not None:
         suspects = (*(s for s in suspects if s.kind != "link"),
                     *(Suspect("link", None, str(n)) for n in validated.get("nodes") or []))
     paths = [p for p in (validated or {}).get("paths") or [] if len(p) == 3]
+    mine = {frozenset(p[:2]) for p in paths}
+    paths += [p for p in known_paths if len(p) == 3 and frozenset(p[:2]) not in mine]
     if not (suspects or paths) or not info.layout or not info.placement:
         return ()
     try:
@@ -157,6 +162,19 @@ def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: Pac
         return ()
     log.info("job %s: topology plan: %s", job, plan.reason)
     return plan.options()
+
+
+def remember_paths(known: Sequence[Sequence[Any]], measured: Sequence[str], found: Sequence[Sequence[Any]] | None
+                   ) -> list[list[Any]]:
+    """The job's known slow paths after a link validation: those it found slow (``[a, b, share]``) replace
+    what was known of the same pair; a known path between two nodes it measured and did not find slow is
+    forgotten (the path healed); the rest stay (what it did not measure is still as last measured)."""
+    found = [list(p) for p in found or [] if len(p) == 3]
+    seen = {frozenset(p[:2]) for p in found}
+    nodes = set(measured)
+    kept = [list(p) for p in known if len(p) == 3 and frozenset(p[:2]) not in seen
+            and not (p[0] in nodes and p[1] in nodes)]
+    return kept + found
 
 
 def _cleared(ev: dict[str, Any], verdict: bool | None) -> frozenset[str]:
@@ -480,7 +498,8 @@ class Remediator:
             found = _named(_suspects(ev.get("suspects") or []) if suspects is None else suspects, info.nodes)
             view = replace(view, topology=await asyncio.to_thread(_topology, job, info, found, model, pace,
                                                                   ev.get("validated_links"), healthy,
-                                                                  "rebalance" in view.capabilities))
+                                                                  "rebalance" in view.capabilities,
+                                                                  memory.get("slow_paths") or ()))
         return view, upd, await self._costs(adapter), actions, adapter
 
     async def _healthy_overhead(self, job: str, onset: float, healthy: float,
@@ -693,6 +712,11 @@ class Remediator:
                     self.metrics.redis_up.set(0)
                     log.warning("validation %s ended but redis is away, retrying: %s", action["id"], exc)
                     await asyncio.sleep(1.0)
+            if outcome.ok and params.get("nodes"):  # what it measured of the links, slow or not, is remembered
+                measured, paths = list(params["nodes"]), list(outcome.result.get("paths") or [])
+                with contextlib.suppress(Unavailable):
+                    await self.store.update_job_memory(action["job"], lambda m: {
+                        **m, "slow_paths": remember_paths(m.get("slow_paths") or [], measured, paths)})
         while True:
             try:
                 done, changed = await self.store.transition(action["id"], ("running",), end,

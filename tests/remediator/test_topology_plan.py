@@ -111,3 +111,23 @@ def test_ranks_a_compute_validation_cleared_are_no_longer_suspects() -> None:
     assert _standing(sus, ev, None) == sus  # no standing verdict: as named
     # a verdict stored before confirmed ranks were kept: nothing is dropped
     assert _standing(sus, {**ev, "validated_links": {"nodes": [], "paths": []}}, True) == sus
+
+
+def test_a_later_move_keeps_traffic_off_a_path_an_earlier_validation_found_slow() -> None:
+    """The compound case: an earlier event's validation found path 0-1 slow and S3 moved it out of use
+    (placement [0, 3, 2, 1]). Two slow GPUs later: the best consolidation on its own puts a pipeline hop back
+    onto path 0-1 (on the testbed that took the job from 0.70 s to 1.69 s); with the remembered path it is
+    scored as measured, and no placement that sends traffic over it is offered."""
+    info = JobInfo(layout={"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 1}, placement=[0, 3, 2, 1],
+                   nodes=["node0", "node1", "node2", "node3"], microbatches=[4, 4])
+    sus = (Suspect("compute", 1), Suspect("compute", 2))
+    known = [["node0", "node1", 0.002]]
+
+    def pairs(p: tuple[int, ...]) -> set[frozenset[int]]:
+        """Node pairs that carry traffic: DP peers (rank = stage * 2 + replica) and pipeline hops."""
+        return {frozenset((p[0], p[1])), frozenset((p[2], p[3])), frozenset((p[0], p[2])), frozenset((p[1], p[3]))}
+
+    blind = _topology("j", info, sus, None, 2.0, None, 1.0, rebalance=True)
+    assert blind and frozenset((0, 1)) in pairs(blind[0].placement)  # what a planner that forgot would do
+    for opt in _topology("j", info, sus, None, 2.0, None, 1.0, rebalance=True, known_paths=known):
+        assert frozenset((0, 1)) not in pairs(opt.placement), opt

@@ -1,4 +1,4 @@
-"""Where a new event's healthy pace is measured: never over the previous event's slow iterations."""
+"""What the remediator remembers of a job between events: where the healthy pace is measured, slow paths."""
 
 from __future__ import annotations
 
@@ -31,3 +31,20 @@ def test_too_little_clean_time_after_the_close_leaves_no_window() -> None:
 def test_the_compound_case_two_faults_back_to_back() -> None:
     """The link event closed 20 s before the CPU fault's onset: its slow iterations fill the two minutes."""
     assert healthy_window(5000.0, {"closed_at": 4980.0, "healthy_s": 0.37}) is None
+
+
+def test_slow_paths_are_remembered_until_measured_healthy() -> None:
+    from remediator.service import remember_paths
+
+    known = remember_paths([], ["n0", "n1"], [["n0", "n1", 0.002]])
+    assert known == [["n0", "n1", 0.002]]
+    # a compute validation measures no link: nothing changes
+    assert remember_paths(known, [], None) == known
+    # another pair measured slow adds to it; the same pair measured again replaces its share
+    more = remember_paths(known, ["n2", "n3"], [["n3", "n2", 0.1]])
+    assert sorted(map(tuple, more)) == [("n0", "n1", 0.002), ("n3", "n2", 0.1)]
+    assert remember_paths(more, ["n1", "n0"], [["n1", "n0", 0.5]]) == [["n3", "n2", 0.1], ["n1", "n0", 0.5]]
+    # both ends measured and the path not found slow: it healed
+    assert remember_paths(more, ["n0", "n1", "n2"], []) == [["n3", "n2", 0.1]]
+    # one end measured only: not enough to say the path healed
+    assert remember_paths(more, ["n0", "n2"], []) == more
