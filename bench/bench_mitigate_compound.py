@@ -59,6 +59,8 @@ def _phases(r: dict[str, Any]) -> list[str]:
         p = a.get("params") or {}
         if what == "rebalance":
             what += f" {p.get('counts')}"
+        elif not a.get("outcome"):
+            what += ", in flight when the run stopped"
         elif what in ("topology", "restart"):
             res = ((a.get("outcome") or {}).get("result") or {})
             what += f" → placement {res.get('placement') or p.get('placement')}"
