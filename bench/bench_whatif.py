@@ -240,18 +240,17 @@ def _settled(iterations: list[int]) -> list[int]:
     return [b for a, b in zip([None, *its[:-1]], its, strict=True) if a is not None and b == a + 1]
 
 
-# The dedicated-device protocol (session 4; the target is judged on it): every rank's compute ops
+# The dedicated-device protocol (the default; the target is judged on it): every rank's compute ops
 # are paced to a device of its own at DEVICE_SPEED CPUs (an op lasts its CPU time / 0.4, 4 x 0.4 =
 # 1.6 of the 2 cores), so a healthy rank computes at its device's pace whatever its peers do - as a
 # GPU worker on its own device; the fault's cgroup quota (10 ms CFS period) slows rank 1 below that.
-# The quotas were frozen from one exclusive pilot run (quotas 0.3 / 0.22 / 0.15 measured 1.08 /
-# 1.43 / 2.14; not a validation run) so that the measured slowdowns span the paper's 1.16 / 1.40 / 2.03.
+# The quotas are chosen so that the measured slowdowns span the paper's 1.16 / 1.40 / 2.03.
 DEVICE_SPEED = 0.4
 CPU_PERIOD_US = 10_000
 PRIMARY_LEVELS = (0.28, 0.23, 0.16)
 EXTRA_LEVELS = (0.1,)  # a harsher cap, reported as an extra row
-# The shared-core protocol of sessions 2-3 (ranks uncapped, competing for the 2 cores; estimate from
-# the processor-sharing model): FAILSLOW_BENCH_WHATIF_PROTOCOL=shared runs it again.
+# The shared-core protocol (ranks uncapped, competing for the 2 cores; estimate from the processor-sharing
+# model): FAILSLOW_BENCH_WHATIF_PROTOCOL=shared runs it.
 SHARED_PRIMARY_LEVELS = (0.4, 0.3, 0.24)
 SHARED_EXTRA_LEVELS = (0.1, 0.05)
 
@@ -420,7 +419,7 @@ def testbed_validation(levels: tuple[float, ...] = PRIMARY_LEVELS, extra_levels:
                     "healthy ones (no idealisation).")
         other = "shared-core model"
     else:
-        setup = f"4 CPU ranks sharing {host_cpus:.0f} cores, uncapped (the shared-core protocol of sessions 2-3)"
+        setup = f"4 CPU ranks sharing {host_cpus:.0f} cores, uncapped (the shared-core protocol)"
         estimate = ("**Estimate** = `S_fix_top` of `failslow "
                     f"whatif TRACE --continuous --ideal median --host-cpus {host_cpus:.0f}` on the trace of the "
                     "faulty iterations alone (`shared_cpu.S_fix_top`): T / T with the top worker - found by the "
