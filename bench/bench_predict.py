@@ -1,16 +1,18 @@
-"""Throughput prediction: accuracy against measured testbed sweeps, and model speed.
+"""Throughput prediction: accuracy against measured testbed holds, and model speed.
 
 Accuracy is recomputed from data: the single-worker profiles and the measured throughput that
-`python -m testbed.dparch.measure` saved in docs/data/ (what each file is: docs/data/MANIFEST.md) are
-fed to the current models, and the tables plus docs/predict-accuracy.png are written from that. No
-throughput run is measured here. Speed is measured in this run: the fine-grained simulation of
-8 workers × 100 steps × 50 layers, and one coarse-model evaluation, with the simulation as the peer of
-the closed forms and exact MVA as the peer of Bard–Schweitzer.
+`python -m testbed.dparch.measure` recorded, stored in docs/data/ (what each file is and how to
+re-measure it: docs/data/MANIFEST.md), are fed to the current models, and the tables plus
+docs/predict-accuracy.png are written from that. No throughput run is measured here. Speed is measured
+in this run: the fine-grained simulation of 8 workers × 100 steps × 50 layers, and one coarse-model
+evaluation, with the simulation as the peer of the closed forms and exact MVA as the peer of
+Bard–Schweitzer.
 """
 
 from __future__ import annotations
 
 import json
+import lzma
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -25,49 +27,20 @@ from failslow.predict.profile import LayerProfile, Profile
 
 TITLE = "Throughput prediction (failslow predict)"
 ROOT = Path(__file__).resolve().parent.parent
-# The main sweep: one hold per architecture (nothing else running on the machine), combined; ring from
-# `-9-ring-3`, PS-sync and PS-async from the holds of `-6`.
-DATA = ROOT / "docs" / "data" / "predict-measured-9.json"
-# The three-architecture sweep whose ring hold ran the ring's network microbenchmark in one slice before
-# the runs (the PS holds are the same as in DATA); only its ring is evaluated here.
-SWEEP6 = ROOT / "docs" / "data" / "predict-measured-6.json"
-# Sweeps the parameter-server link defaults were chosen on (the σ-free disciplines).
-CALIBRATION = sorted((ROOT / "docs" / "data").glob("predict-calibration-*.json"))
-# Sweeps whose profiles have no step wall times or after-transfer samples: the models fall back to the
-# per-layer sums and the after-idle samples for them.
-REPEATS = [ROOT / "docs" / "data" / f for f in ("predict-measured-4.json", "predict-measured-5.json")]
+DATA_DIR = ROOT / "docs" / "data"
+# The main sweep: one hold per architecture on the otherwise idle machine, combined
+# (`measure --combine`); its ring hold is `predict-measured-9-ring-3`.
+DATA = DATA_DIR / "predict-measured-9.json.xz"
+# Ring holds taken one after another, each with its runs' per-step phases on the shared clock and the
+# ring microbenchmark in slices (simultaneous and compute-staggered entries).
+RING_HOLDS = [DATA_DIR / f"predict-measured-9-ring{s}.json.xz" for s in ("", "-2", "-3")]
+# Ring holds that keep every profiling run, each with the peer ring member's step times (the shared
+# part of the step jitter, which the barrier's max over K must not count); the first ran while another
+# job loaded the host.
+SHARED_HOLDS = [DATA_DIR / f"predict-measured-7-ring{s}.json.xz" for s in ("", "-2")]
 # A hold with more than this share of CPU time stolen by the hypervisor (/proc/stat over the hold) is
 # discarded and repeated.
 STEAL_LIMIT = 0.10
-# Single-architecture holds of the `-6` protocol beside the main sweep: a ring hold whose profile has no
-# after-all-reduce samples (K > 1 predicted from after-idle steps), a PS-sync hold over the steal limit, a
-# repeat of the ring hold, and the ring hold of `-6` itself.
-OTHER_HOLDS = [ROOT / "docs" / "data" / f for f in ("predict-measured-6-ring-afteridle.json",
-                                                    "predict-measured-6-ps-sync-discarded.json",
-                                                    "predict-measured-6-ring-repeat.json",
-                                                    "predict-measured-6-ring.json")]
-# Ring holds whose profiles also time the peer ring member's steps (the shared part of the step jitter,
-# which the barrier's max over K must not count); the first ran while another job loaded the host.
-SHARED_HOLDS = [ROOT / "docs" / "data" / f for f in ("predict-measured-7-ring.json", "predict-measured-7-ring-2.json")]
-# Ring holds whose runs keep every step's phases on the shared clock and whose net-ring microbenchmark
-# also times the collective with compute-staggered entries. The status text is printed; "in slices" marks
-# the holds taken with the microbenchmark in slices, as `testbed.dparch.measure` runs it now.
-RING_HOLDS = [(ROOT / "docs" / "data" / f, status) for f, status in (
-    ("predict-measured-8-ring-diag.json", "1 repetition, one microbenchmark slice"),
-    ("predict-measured-8-ring-diag-2.json", "1 repetition, one microbenchmark slice"),
-    ("predict-measured-8-ring.json", "one microbenchmark slice"),
-    ("predict-measured-8-ring-2.json", "one microbenchmark slice"),
-    ("predict-measured-8-ring-3.json", "one microbenchmark slice"),
-    ("predict-measured-8-ring-4.json", "one microbenchmark slice"),
-    ("predict-measured-8-ring-5.json", "one microbenchmark slice"),
-    ("predict-measured-9-ring.json", "microbenchmark in slices (after every repetition)"),
-    ("predict-measured-9-ring-2.json", "microbenchmark in slices (after every repetition)"),
-    ("predict-measured-9-ring-3.json", "microbenchmark in slices (after every repetition)"),
-)]
-# Sweeps taken with an earlier protocol (unpinned ranks, 8-14 measured steps per run, back-to-back
-# profile only, busy machine).
-EARLIER = [ROOT / "docs" / "data" / f for f in ("predict-measured.json", "predict-measured-2.json",
-                                                  "predict-measured-3.json")]
 PLOT = ROOT / "docs" / "predict-accuracy.png"
 ARCHS = ("ring", "ps-sync", "ps-async")
 MODELS = ("coarse", "fine")
@@ -82,14 +55,18 @@ VARIANTS: tuple[tuple[str, str, str | None], ...] = (
     ("ps-async", "coarse", "auto"), ("ps-async", "fine", None), ("ps-async", "fine", "ps"),
     ("ps-async", "fine", "tcp"),
 )
-# The defaults of `failslow predict` when a profile has no sharing σ (the calibration sweeps have none;
-# with one, PS-sync defaults to "tcp"), marked in the selection table.
-DEFAULTS = {("ps-sync", "coarse"): "hybrid", ("ps-sync", "fine"): "ps", ("ps-async", "coarse"): "hybrid",
-            ("ps-async", "fine"): "hybrid"}
-SELECTION = (("ps-sync", "coarse", "hybrid"), ("ps-sync", "coarse", "ps"), ("ps-sync", "fine", "hybrid"),
-             ("ps-sync", "fine", "ps"), ("ps-async", "coarse", "hybrid"), ("ps-async", "coarse", "ps"),
-             ("ps-async", "coarse", "fcfs"), ("ps-async", "coarse", "auto"), ("ps-async", "fine", "hybrid"),
-             ("ps-async", "fine", "ps"))
+
+
+def load(path: Path) -> dict[str, Any]:
+    """A stored hold or sweep: xz-compressed JSON as `testbed.dparch.measure --out FILE.json.xz` writes it."""
+    with lzma.open(path, "rt", encoding="utf-8") as f:
+        doc: dict[str, Any] = json.load(f)
+    return doc
+
+
+def _name(path: Path) -> str:
+    """A data file's name as the tables show it: without `.json.xz`."""
+    return path.name.removesuffix(".json.xz")
 
 
 def profile_for(doc: dict[str, Any], arch: str) -> Profile:
@@ -97,65 +74,26 @@ def profile_for(doc: dict[str, Any], arch: str) -> Profile:
     return parse_profile(doc.get("profiles_by_arch", {}).get(arch, doc["profile"]))
 
 
-def _errors(doc: dict[str, Any], arch: str, model: str, link: str | None) -> list[float]:
-    prof = profile_for(doc, arch)
-    meas = {int(r["workers"]): float(r["samples_per_s"]) for r in doc["runs"] if r["arch"] == arch}
-    ks = sorted(meas)
-    pred = predict(prof, ks, arch=arch, model=model, link=link, steps=200, seed=0)
-    return [pred.throughput[k] / meas[k] - 1 for k in ks]
-
-
-def _ring_errors(doc: dict[str, Any], model: str, shared: bool) -> list[float]:
-    """Ring errors over K; `shared=False` drops the peer's samples (ρ = 0: the independent max)."""
-    prof = profile_for(doc, "ring")
-    if not shared:
-        prof = replace(prof, ring_peer_step_s=np.zeros(0))
+def _ring_errors(doc: dict[str, Any], prof: Profile, model: str) -> list[float]:
+    """Ring errors over the measured K (predicted / measured − 1) when predicted from `prof`."""
     meas = {int(r["workers"]): float(r["samples_per_s"]) for r in doc["runs"] if r["arch"] == "ring"}
     ks = sorted(meas)
     pred = predict(prof, ks, arch="ring", model=model, steps=200, seed=0)
     return [pred.throughput[k] / meas[k] - 1 for k in ks]
 
 
-def shared_jitter_section(main: dict[str, Any]) -> list[str]:
-    """Ring errors with the independent max over K and with the shared-jitter max, hold by hold."""
-    holds: list[tuple[str, dict[str, Any], str]] = [("`predict-measured-6` (ring)", main, "no peer samples")]
-    for f in OTHER_HOLDS + SHARED_HOLDS:
-        if not f.exists():
-            continue
-        d = json.loads(f.read_text())
-        if d["runs"][0]["arch"] != "ring":
-            continue
-        has_peer = parse_profile(d["profile"]).ring_peer_step_s.size > 0
-        holds.append((f"`{f.stem}`", d, "peer samples" if has_peer else "no peer samples"))
-    lines = ["", "### The ring's shared jitter", "",
-             "The ring's barrier waits for the slowest of K workers. Modelled as step_w = shared + independent_w, "
-             "only the independent part widens the max: E[max] = μ + E[max of √(1−ρ)·(X_w − μ)], ρ the share of the "
-             "step-time variance all workers have in common. ρ is the correlation of the two profiling ring "
-             "members' step times (the profiling job times the peer's steps; ranks 0 and 1 are pinned to "
-             "different CPUs). Holds whose profile has no peer samples have ρ = 0, i.e. the independent max. "
-             "*independent* = ρ forced to 0, *shared* = the shared-jitter max `failslow predict` uses; nothing is "
-             "fitted to these sweeps. Cells: mean / max |error| over K = 1…8.", "",
-             "| hold | host busy | ρ merged (per profiling run) | coarse independent | coarse shared | "
-             "fine independent | fine shared | profile |", "|---|---|---|---|---|---|---|---|"]
-    per_k: list[str] = []
-    for name, d, status in holds:
-        prof = profile_for(d, "ring")
-        runs_rho = [parse_profile(x).ring_shared_jitter for x in d.get("profiles", [])
-                    if "ring_peer_step_s" in x.get("steps", {})]
-        h = d.get("host") or next((pt["host"] for pt in d.get("parts", []) if "ring" in pt["archs"]), {})
-        errs, cells = _error_grid(d, _ring_errors)
-        rho = (f"{prof.ring_shared_jitter:.2f} (" + ", ".join(f"{r:.2f}" for r in runs_rho) + ")") if runs_rho else "–"
-        lines.append(f"| {name} | {100 * h.get('busy', 0):.0f}% | {rho} | " + " | ".join(cells) + f" | {status} |")
-        if status == "peer samples":
-            for model in MODELS:
-                for shared in (False, True):
-                    per_k.append(f"| {name} | {model} | {'shared' if shared else 'independent'} | "
-                                 + " | ".join(f"{100 * x:+.1f}%" for x in errs[(model, shared)]) + " |")
-    if per_k:
-        lines += ["", "Per K on the holds with peer samples (error = predicted / measured − 1):", "",
-                  "| hold | model | barrier max | " + " | ".join(f"K={k}" for k in range(1, 9)) + " |",
-                  "|---|---|---|" + "---|" * 8, *per_k]
-    return lines
+def _ring_errors_shared(doc: dict[str, Any], model: str, shared: bool) -> list[float]:
+    """Ring errors over K; `shared=False` drops the peer's samples (ρ = 0: the independent max)."""
+    prof = profile_for(doc, "ring")
+    if not shared:
+        prof = replace(prof, ring_peer_step_s=np.zeros(0))
+    return _ring_errors(doc, prof, model)
+
+
+def _ring_errors_hop(doc: dict[str, Any], model: str, staggered: bool) -> list[float]:
+    """Ring errors over K; `staggered=True` is the what-if with the hop measured with staggered entries."""
+    prof = profile_for(doc, "ring")
+    return _ring_errors(doc, prof.with_staggered_hop() if staggered else prof, model)
 
 
 def _meets(errors: list[float]) -> bool:
@@ -177,15 +115,42 @@ def _error_grid(doc: dict[str, Any], errors: Callable[[dict[str, Any], str, bool
     return errs, cells
 
 
-def _ring_errors_hop(doc: dict[str, Any], model: str, staggered: bool) -> list[float]:
-    """Ring errors over K; `staggered=True` is the what-if with the hop measured with staggered entries."""
-    prof = profile_for(doc, "ring")
-    if staggered:
-        prof = prof.with_staggered_hop()
-    meas = {int(r["workers"]): float(r["samples_per_s"]) for r in doc["runs"] if r["arch"] == "ring"}
-    ks = sorted(meas)
-    pred = predict(prof, ks, arch="ring", model=model, steps=200, seed=0)
-    return [pred.throughput[k] / meas[k] - 1 for k in ks]
+def shared_jitter_section() -> list[str]:
+    """Ring errors with the independent max over K and with the shared-jitter max, hold by hold."""
+    holds = [(f, load(f)) for f in SHARED_HOLDS if f.exists()]
+    if not holds:
+        return []
+    lines = ["", "### The ring's shared jitter", "",
+             "The ring's barrier waits for the slowest of K workers. Modelled as step_w = shared + independent_w, "
+             "only the independent part widens the max: E[max] = μ + E[max of √(1−ρ)·(X_w − μ)], ρ the share of the "
+             "step-time variance all workers have in common. ρ is the correlation of the two profiling ring "
+             "members' step times (the profiling job times the peer's steps; ranks 0 and 1 are pinned to "
+             "different CPUs); a profile without peer samples has ρ = 0, i.e. the independent max. "
+             "*independent* = ρ forced to 0, *shared* = the shared-jitter max `failslow predict` uses; nothing is "
+             "fitted to these holds. Their ring hop comes from one microbenchmark slice before the runs (stored "
+             "in their profiles), not from slices pooled over the hold, so compare the columns of a hold, not the "
+             "holds with those of the next section. Cells: mean / max |error| over K = 1…8.", "",
+             "| hold | host busy | ρ merged (per profiling run) | coarse independent | coarse shared | "
+             "fine independent | fine shared |", "|---|---|---|---|---|---|---|"]
+    per_k: list[str] = []
+    for f, d in holds:
+        name = f"`{_name(f)}`"
+        prof = profile_for(d, "ring")
+        runs_rho = [parse_profile(x).ring_shared_jitter for x in d.get("profiles", [])
+                    if "ring_peer_step_s" in x.get("steps", {})]
+        h = d.get("host", {})
+        errs, cells = _error_grid(d, _ring_errors_shared)
+        rho = f"{prof.ring_shared_jitter:.2f}" + (" (" + ", ".join(f"{r:.2f}" for r in runs_rho) + ")"
+                                                  if runs_rho else "")
+        lines.append(f"| {name} | {100 * h.get('busy', 0):.0f}% | {rho} | " + " | ".join(cells) + " |")
+        for model in MODELS:
+            for shared in (False, True):
+                per_k.append(f"| {name} | {model} | {'shared' if shared else 'independent'} | "
+                             + " | ".join(f"{100 * x:+.1f}%" for x in errs[(model, shared)]) + " |")
+    lines += ["", "Per K (error = predicted / measured − 1):", "",
+              "| hold | model | barrier max | " + " | ".join(f"K={k}" for k in range(1, 9)) + " |",
+              "|---|---|---|" + "---|" * 8, *per_k]
+    return lines
 
 
 def _step_table(doc: dict[str, Any], k: int) -> dict[str, float] | None:
@@ -210,43 +175,47 @@ def _step_table(doc: dict[str, Any], k: int) -> dict[str, float] | None:
 
 
 def stagger_section() -> list[str]:
-    """Ring holds: the hop with simultaneous vs compute-staggered entries, and what the runs did."""
-    holds = [(f, st, json.loads(f.read_text())) for f, st in RING_HOLDS if f.exists()]
+    """Ring holds: accuracy hold by hold, the hop with simultaneous vs compute-staggered entries, and what
+    the runs did step by step."""
+    holds = [(f, load(f)) for f in RING_HOLDS if f.exists()]
     if not holds:
         return []
-    lines = ["", "### The ring's collective with staggered entries", "",
-             "In a ring job the members enter the all-reduce when their own compute ends, staggered by its jitter; "
-             "the microbenchmark's members enter together. To see whether the early members' hops overlap the late "
-             "member's compute, the `net-ring` microbenchmark also times 16 rounds in which each member first "
-             "computes one real step (forward, backward, flattening), and one ring hop is fitted to that "
-             "collective (last entry to last exit) too (`link.allreduce_staggered`). It is not shorter than with "
-             "simultaneous entries (ratio below), so `predict` uses the simultaneous hop. *model* = "
-             "`failslow predict`, *what-if* = the same with the staggered hop (`Profile.with_staggered_hop()`). "
-             "Nothing is fitted to the throughput runs. Holds with more than "
-             f"{100 * STEAL_LIMIT:.0f}% of CPU time stolen by the hypervisor are discarded. Cells: mean / max "
-             "|error| over K = 1…8.", "",
-             "| hold | started (UTC) | host busy / steal | status | coarse model | coarse what-if | fine model | "
-             "fine what-if |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["", "### Ring holds, and the collective with staggered entries", "",
+             "Ring holds taken one after another, each predicted from its own profile and microbenchmark. The "
+             "ring's network microbenchmark runs in slices (before the runs and after every repetition) and its "
+             "rounds are pooled per K. In a ring job the members enter the all-reduce when their own compute "
+             "ends, staggered by its jitter; the microbenchmark's members enter together. To see whether the "
+             "early members' hops overlap the late member's compute, the `net-ring` microbenchmark also times "
+             "16 rounds in which each member first computes one real step (forward, backward, flattening), and "
+             "one ring hop is fitted to that collective (last entry to last exit) too "
+             "(`link.allreduce_staggered`). It is not shorter than with simultaneous entries (ratio below), so "
+             "`predict` uses the simultaneous hop. *model* = `failslow predict`, *what-if* = the same with the "
+             "staggered hop (`Profile.with_staggered_hop()`). Nothing is fitted to the throughput runs. Holds "
+             f"with more than {100 * STEAL_LIMIT:.0f}% of CPU time stolen by the hypervisor are discarded. "
+             "Cells: mean / max |error| over K = 1…8.", "",
+             "| hold | started (UTC) | host busy / steal | coarse model | coarse what-if | fine model | "
+             "fine what-if |", "|---|---|---|---|---|---|---|"]
     per_k: list[str] = []
     diag: list[str] = []
-    sliced: list[dict[str, bool]] = []
+    kept: list[dict[str, bool]] = []
     ratios: list[float] = []
     run_ratio: dict[int, list[float]] = {}
-    for f, status, d in holds:
+    for f, d in holds:
+        name = f"`{_name(f)}`"
         for v in d.get("net", {}).get("ring", {}).values():
             if "stagger_pure_median_s" in v:
                 ratios.append(v["stagger_pure_median_s"] / v["pure_median_s"])
         h = d.get("host", {})
-        if h.get("steal", 0) > STEAL_LIMIT:
-            status = f"{status}; discarded: steal {100 * h['steal']:.1f}% > {100 * STEAL_LIMIT:.0f}%"
+        host = f"{100 * h.get('busy', 0):.0f}% / {100 * h.get('steal', 0):.1f}%"
         errs, cells = _error_grid(d, _ring_errors_hop)
-        if "in slices" in status and "discarded" not in status:
-            sliced.append({m: _meets(errs[(m, False)]) for m in MODELS})
-        lines.append(f"| `{f.stem}` | {d.get('started', '?')[11:16]} | {100 * h.get('busy', 0):.0f}% / "
-                     f"{100 * h.get('steal', 0):.1f}% | {status} | " + " | ".join(cells) + " |")
+        if h.get("steal", 0) > STEAL_LIMIT:
+            host += f" (discarded: > {100 * STEAL_LIMIT:.0f}%)"
+        else:
+            kept.append({m: _meets(errs[(m, False)]) for m in MODELS})
+        lines.append(f"| {name} | {d.get('started', '?')[11:16]} | {host} | " + " | ".join(cells) + " |")
         for model in MODELS:
             for stag in (False, True):
-                per_k.append(f"| `{f.stem}` | {model} | {'what-if: staggered' if stag else 'model'} | "
+                per_k.append(f"| {name} | {model} | {'what-if: staggered' if stag else 'model'} | "
                              + " | ".join(f"{100 * x:+.1f}%" for x in errs[(model, stag)]) + " |")
         prof = profile_for(d, "ring")
         plain = prof.after_allreduce()
@@ -263,15 +232,12 @@ def stagger_section() -> list[str]:
             w_model = expected_max(steps, np.ones(k), job.shared_jitter) - float(steps.mean())
             stag_mb = net.get("stagger_pure_median_s")
             run_ratio.setdefault(k, []).append(row["collective"] / net["pure_median_s"])
-            diag.append(f"| `{f.stem}` | {k} | {1e3 * row['collective']:.1f} | {1e3 * net.get('pure_median_s', np.nan):.1f} "
+            diag.append(f"| {name} | {k} | {1e3 * row['collective']:.1f} | {1e3 * net.get('pure_median_s', np.nan):.1f} "
                         f"| {'–' if stag_mb is None else f'{1e3 * stag_mb:.1f}'} | {1e3 * hop:.1f} | {1e3 * hop_s:.1f} "
                         f"| {1e3 * row['wait']:.1f} | {1e3 * w_model:.1f} |")
-    if sliced:
-        lines += ["", "The ring's network microbenchmark in slices before the runs and after every repetition, rounds "
-                  "pooled per K (as `testbed.dparch.measure` runs it; the other holds ran one 8-round slice before "
-                  "the runs): the target (mean ≤ 5 %, max ≤ 12 %) with predict's model is "
-                  "met in " + ", ".join(f"{sum(v[m] for v in sliced)} of {len(sliced)} kept holds ({m})"
-                                        for m in MODELS) + "."]
+    if kept:
+        lines += ["", "The target (mean ≤ 5 %, max ≤ 12 %) with predict's model is met in "
+                  + ", ".join(f"{sum(v[m] for v in kept)} of {len(kept)} kept holds ({m})" for m in MODELS) + "."]
     lines += ["", "Per K (error = predicted / measured − 1):", "",
               "| hold | model | hop | " + " | ".join(f"K={k}" for k in range(1, 9)) + " |",
               "|---|---|---|" + "---|" * 8, *per_k]
@@ -291,26 +257,6 @@ def stagger_section() -> list[str]:
                   "|---|---|---|---|---|---|---|---|---|", *diag]
         lines += ["", "Runs' collective / microbenchmark's (simultaneous), median over the holds per K: "
                   + ", ".join(f"K={k} {np.median(v):.2f}" for k, v in sorted(run_ratio.items())) + "."]
-    return lines
-
-
-def selection_table(test: dict[str, Any], calibration: list[dict[str, Any]]) -> list[str]:
-    """Mean/max |error| of each link-model variant on the calibration sweeps and on the test sweep."""
-    cols = [f"calibration {i + 1}" for i in range(len(calibration))] + ["test"]
-    lines = ["| arch | model | link | " + " | ".join(cols) + " |", "|---|---|---|" + "---|" * len(cols)]
-    return lines + _rows(SELECTION, [*calibration, test], mark_defaults=True)
-
-
-def _rows(variants: tuple[tuple[str, str, str | None], ...], docs: list[dict[str, Any]],
-          mark_defaults: bool = False) -> list[str]:
-    lines = []
-    for arch, model, link in variants:
-        cells = []
-        for doc in docs:
-            e = np.abs(_errors(doc, arch, model, link))
-            cells.append(f"{100 * e.mean():.1f}% / {100 * e.max():.1f}%")
-        mark = " (default)" if mark_defaults and DEFAULTS.get((arch, model)) == link else ""
-        lines.append(f"| {arch} | {model} | {link or 'default'}{mark} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -420,10 +366,13 @@ def characterisation(doc: dict[str, Any]) -> list[str]:
                   "|---|---|---|---|---|"]
         from failslow.predict.des import fan_completion
 
+        def cell(v: Any, u: float = mb) -> str:
+            """First / middle / last completion time in units of u."""
+            return " / ".join(f"{x / u:.2f}" for x in (v[0], v[len(v) // 2], v[-1]))
+
         for k in sorted(net["ps"], key=int):
             r = net["ps"][k]
             fo, fi = r["fanout_median_s"], r["fanin_median_s"]
-            cell = lambda v, u=mb: " / ".join(f"{x / u:.2f}" for x in (v[0], v[len(v) // 2], v[-1]))  # noqa: E731
             mdown = fan_completion(int(k), p.share_sigma_down or 0.0)
             mup = fan_completion(int(k), p.share_sigma_up or 0.0)
             lines.append(f"| {k} | {cell(fo)} | {cell(mdown, 1.0)} | {cell(fi)} | {cell(mup, 1.0)} |")
@@ -477,7 +426,7 @@ def _bench_profile(layers: int) -> Profile:
 def run() -> str:
     lines: list[str] = []
     if DATA.exists():
-        doc = json.loads(DATA.read_text())
+        doc = load(DATA)
         acc, prof = accuracy(doc)
         _plot(acc)
         ks = sorted({k for v in acc.values() for k in v})
@@ -488,9 +437,9 @@ def run() -> str:
             f"the server in its own netns behind `tc tbf {doc['spec']['rate']}` on both link ends, every process "
             f"capped at {doc['spec']['cpu_cap']:.3f} CPU, MLP {prof.n_layers} layers, "
             f"{prof.model_bytes / 1e6:.2f} MB of parameters, batch {prof.batch_size}/worker; median of "
-            f"{doc.get('repeats', 1)} runs per point). Predictions are recomputed now from the profile in that "
-            f"file ({_n_profiles(doc)} single-worker profiling runs spread over the sweeps; each architecture is "
-            "predicted from the profiles taken in its own quiet-lock hold, merged). Error = "
+            f"{doc.get('repeats', 1)} runs per point). Predictions are recomputed now from the profiles in that "
+            f"file ({_n_profiles(doc)} single-worker profiling runs spread over the holds; each architecture is "
+            "predicted from the profiles taken in its own hold, merged). Error = "
             "predicted / measured − 1. Plot: `docs/predict-accuracy.png`.",
             "",
             "| arch | model | " + " | ".join(f"K={k}" for k in ks) + " | mean abs | max abs |",
@@ -535,73 +484,11 @@ def run() -> str:
                       "most 1.4 of the 2 CPUs): " + "; ".join(
                           f"{', '.join(a)}: busy {100 * h['busy']:.0f}%, idle {100 * h['idle']:.0f}%, stolen by "
                           f"the hypervisor {100 * h['steal']:.1f}%" for a, h in hosts) + "."]
-        others = [(f, json.loads(f.read_text())) for f in OTHER_HOLDS if f.exists()]
-        if others:
-            lines += ["", "### Other single-architecture holds", "",
-                      "Holds not in the main sweep, each predicted from its own profiles. A hold with more than "
-                      f"{100 * STEAL_LIMIT:.0f}% of CPU time stolen by the hypervisor (`/proc/stat`, whole hold) is "
-                      "discarded and repeated.",
-                      "", "| hold | arch | host busy / steal | coarse mean / max | fine mean / max | not in the main "
-                      "sweep because |",
-                      "|---|---|---|---|---|---|"]
-            for f, od in others:
-                arch = od["runs"][0]["arch"]
-                h = od.get("host", {})
-                cells = []
-                for model in MODELS:
-                    e = np.abs(_errors(od, arch, model, None))
-                    cells.append(f"{100 * e.mean():.1f}% / {100 * e.max():.1f}%")
-                if h.get("steal", 0) > STEAL_LIMIT:
-                    why = f"steal {100 * h['steal']:.1f}% > {100 * STEAL_LIMIT:.0f}%"
-                elif f.stem.endswith("-repeat"):
-                    why = "repeat of `predict-measured-6-ring`, right after it"
-                elif f.stem == "predict-measured-6-ring":
-                    why = "ring microbenchmark in one slice (the main sweep's ring hold runs it in slices)"
-                else:
-                    why = "profile without after-all-reduce samples (K > 1 from after-idle steps)"
-                lines.append(f"| `{f.stem}` | {arch} | {100 * h.get('busy', 0):.0f}% / {100 * h.get('steal', 0):.1f}% "
-                             f"| {cells[0]} | {cells[1]} | {why} |")
-        lines += shared_jitter_section(json.loads(SWEEP6.read_text()))
+        lines += shared_jitter_section()
         lines += stagger_section()
-        reps = [(f, json.loads(f.read_text())) for f in REPEATS if f.exists()]
-        if reps:
-            archs = [a for a in ARCHS if all(any(r["arch"] == a for r in rep["runs"]) for _, rep in reps)]
-            rows = tuple((a, m, lk) for a, m, lk in VARIANTS if a in archs)
-            lines += ["", "### Sweeps whose profiles lack step wall times", "",
-                      "The same models on two sweeps ("
-                      + ", ".join(f"`{f.relative_to(ROOT)}`" for f, _ in reps)
-                      + ") of the same testbed and protocol whose profiles have no step wall times and no "
-                      "after-transfer samples: they are predicted from per-layer sums, which miss the throttle "
-                      "stalls between layers, and from the after-idle samples. *this sweep* = the main sweep. "
-                      "Cells: mean / max |error| over K = 1…8.", "",
-                      "| arch | model | link | this sweep | " + " | ".join(f"`{f.stem}`" for f, _ in reps) + " |",
-                      "|---|---|---|---|" + "---|" * len(reps), *_rows(rows, [doc, *(r for _, r in reps)])]
-            for f, rep in reps:
-                sp = [np.std(r["repeats_samples_per_s"]) / np.mean(r["repeats_samples_per_s"]) for r in rep["runs"]]
-                lines += ["", f"`{f.stem}` run-to-run spread: CV mean {100 * np.mean(sp):.1f}%, "
-                          f"max {100 * np.max(sp):.1f}%."]
-        earlier = [f for f in EARLIER if f.exists()]
-        if earlier:
-            reps = [json.loads(f.read_text()) for f in earlier]
-            defaults = tuple((a, m, None) for a in ARCHS for m in MODELS)
-            lines += ["", "### Sweeps of an earlier protocol", "",
-                      "The same defaults on sweeps taken with unpinned ranks, 8–14 measured steps per run, a "
-                      "back-to-back profile only, on a busy machine ("
-                      + ", ".join(f"`{f.relative_to(ROOT)}`" for f in earlier)
-                      + "). Cells: mean / max |error| over K = 1…8.", "",
-                      "| arch | model | link | this sweep | " + " | ".join(f"old {i + 1}" for i in range(len(reps)))
-                      + " |", "|---|---|---|---|" + "---|" * len(reps), *_rows(defaults, [doc, *reps])]
         lines += characterisation(doc)
-        if CALIBRATION:
-            cal = [json.loads(f.read_text()) for f in CALIBRATION]
-            lines += ["", "### How the default link models were chosen", "",
-                      "The parameter-server link defaults are the best of the σ-free disciplines on the "
-                      "calibration sweeps (" + ", ".join(f"`{f.relative_to(ROOT)}`" for f in CALIBRATION)
-                      + "); *test* is the main sweep. A profile with a measured sharing σ makes PS-sync default to "
-                      "`tcp` (coarse and fine, rows above); without one the marked defaults apply. "
-                      "Cells: mean / max |error| over K = 1…8.", "", *selection_table(doc, cal)]
     else:
-        lines += [f"_No measured data at `{DATA.relative_to(ROOT)}`: run `python -m testbed.dparch.measure`._"]
+        lines += [f"_No measured data at `{DATA.relative_to(ROOT)}`: see docs/data/MANIFEST.md._"]
 
     # --- speed ----------------------------------------------------------------------------------
     p = _bench_profile(50)
@@ -629,9 +516,5 @@ def run() -> str:
                  f"{exact * 1e3:.1f} ms | {exact / approx:.0f}× faster |")
     lines.append(f"| async MVA, K=256, Bard–Schweitzer | {big * 1e3:.1f} ms | | |")
     lines += ["", "Command: `.venv/bin/python -m bench predict` (recomputes everything above from the data files in "
-              "`docs/data/`, see its MANIFEST.md). The main sweep itself (root, not in `make test`; one hold of the "
-              "otherwise idle machine per architecture, ~6 min each): `.venv/bin/python -m testbed.dparch.measure "
-              "--arch ring --repeats 3 --out ring.json`, the same with `--arch ps-sync --out ps-sync.json` and "
-              "`--arch ps-async --no-net --out ps-async.json`, then `.venv/bin/python -m testbed.dparch.measure "
-              "--combine ring.json ps-sync.json ps-async.json --out docs/data/predict-measured-9.json`."]
+              "`docs/data/`; what each one is and how to re-measure it: `docs/data/MANIFEST.md`)."]
     return "\n".join(lines)

@@ -1,18 +1,21 @@
 """The scaling sweep: profile one worker, then measure real throughput for K workers per architecture.
 
-`python -m testbed.dparch.measure [--out docs/data/predict-measured.json]` runs the full sweep that
-docs/predict.md and the accuracy table in docs/BENCHMARKS.md are built from (K = 1…8 × ring,
-ps-sync, ps-async; about 15 minutes on the 2-core box). It is deliberately not part of `make test`.
-Every (architecture, K) is measured `--repeats` times in shuffled order and the median kept; the
-profile is taken before the first and after every repetition and merged, so load from neighbours on
-the shared machine shows up in the profile and in random runs rather than in a block of K. The ring's
-network microbenchmark is run in slices at the same points (since session 4), its rounds pooled per K.
+`python -m testbed.dparch.measure --out FILE` runs the sweep that docs/predict.md and the accuracy
+tables in docs/BENCHMARKS.md are built from (K = 1…8 × ring, ps-sync, ps-async, or one architecture
+per hold with `--arch`; about 6 minutes per architecture on the 2-core box). It is deliberately not
+part of `make test`. Every (architecture, K) is measured `--repeats` times in shuffled order and the
+median kept; the profile is taken before the first and after every repetition and merged, so load
+from neighbours on the shared machine shows up in the profile and in random runs rather than in a
+block of K. The ring's network microbenchmark is run in slices at the same points, its rounds pooled
+per K. A FILE ending in `.xz` is written as xz-compressed compact JSON (how docs/data/ stores it),
+any other as indented JSON; `--combine` and `--remerge` read either.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import lzma
 import random
 import statistics
 import sys
@@ -26,15 +29,14 @@ import numpy as np
 
 from testbed.dparch.run import ARCHS, RunSpec, lite_steps, profile_doc, run_pool, throughput
 
-DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "data" / "predict-measured.json"
-# Steps per run. Session 1 used 14/8/12 measured steps (1.3 s for ring at K = 1): one neighbour's
-# burst of a second then moved a whole run. Per-step wall times under a 10 ms-period cap have a CV
+# Steps per run. With 14/8/12 measured steps (1.3 s for ring at K = 1) one neighbour's burst of a
+# second moves a whole run. Per-step wall times under a 10 ms-period cap have a CV
 # of ~15-20 % (a 13 ms step of CPU work straddles 8-9 quota periods), so ~30 measured steps bring the
 # run mean to ~3 %; parameter-server steps are 2-9x longer (many quota periods each), so fewer do,
 # and a K = 8 sync run (about 0.9 s per step) takes ~13 s.
 STEPS = {"ring": 30, "ps-sync": 12, "ps-async": 20}
 # The first steps pay connection set-up and cold caches after the previous job (3-5 steps measured
-# above the steady state in session-1 data); a few more than needed costs little.
+# above the steady state); a few more than needed costs little.
 WARMUP = {"ring": 5, "ps-sync": 3, "ps-async": 3}
 PROFILE_STEPS = 40
 # Short single-worker profile next to every run (back to back + after idle): ~3 s.
@@ -125,7 +127,7 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
     # The ring's network alone, per K (see `testbed.dparch.train.run_net_ring`): before the training
     # runs and again after every repetition, rounds pooled per K. Like the profile, so the hop cost is
     # read over the same minutes as the runs it predicts; one 8-round slice per hold left the K = 8
-    # median anywhere between 114 and 209 ms from hold to hold (session 4).
+    # median anywhere between 114 and 209 ms from hold to hold.
     net_ring = [replace(base, arch="net-ring", workers=k, steps=NET_ROUNDS, warmup=2)
                 for k in workers if k > 1] if net and "ring" in archs else []
     if net:
@@ -305,7 +307,7 @@ def ring_net_fit(net_ring: dict[str, Any], nominal: float, key: str = "pure_medi
     entry to last exit, `_net_ring`), K = 2…8: the per-hop cost as gloo really pays it at each ring
     size, instead of extrapolating a 2-rank calibration (whose intercept also held entry skew).
     None when fewer than two K were measured. `key` picks the column: ``stagger_pure_median_s`` fits the
-    same hop to the rounds whose members each computed one step before entering (session 4).
+    same hop to the rounds whose members each computed one step before entering.
     """
     pts = [(int(k), v["bytes"], v[key]) for k, v in net_ring.items() if key in v]
     if len(pts) < 2:
@@ -380,7 +382,7 @@ def _detail(job: dict[str, Any]) -> dict[str, Any]:
             if r.get("compute_cpu_s"):
                 out[rank]["compute_cpu_median_s"] = statistics.median(r["compute_cpu_s"])
             if "step_end_s" in r:
-                # Every step's phases and its end on the shared monotonic clock (session 4, issue #7):
+                # Every step's phases and its end on the shared monotonic clock:
                 # across the ranks of a step they give each member's entry into and exit from the
                 # all-reduce, i.e. the barrier wait and the collective after the last entry, step by step.
                 out[rank]["steps_s"] = [[round(e, 6), *(round(x, 6) for x in p)]
@@ -388,9 +390,28 @@ def _detail(job: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def read_doc(path: Path) -> dict[str, Any]:
+    """A sweep file: xz-compressed JSON when the name ends in `.xz`, plain JSON otherwise."""
+    if path.suffix == ".xz":
+        with lzma.open(path, "rt", encoding="utf-8") as f:
+            doc: dict[str, Any] = json.load(f)
+    else:
+        doc = json.loads(path.read_text())
+    return doc
+
+
+def write_doc(path: Path, doc: dict[str, Any]) -> None:
+    """Write a sweep file: xz-compressed compact JSON when the name ends in `.xz`, indented JSON otherwise."""
+    if path.suffix == ".xz":
+        path.write_bytes(lzma.compress(json.dumps(doc, separators=(",", ":")).encode(),
+                                       preset=9 | lzma.PRESET_EXTREME))
+    else:
+        path.write_text(json.dumps(doc, indent=1) + "\n")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m testbed.dparch.measure", description=__doc__)
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    ap.add_argument("--out", type=Path, help="output file (required unless --remerge); FILE.json.xz: compressed")
     ap.add_argument("--arch", default=",".join(ARCHS))
     ap.add_argument("--workers", default="1-8")
     ap.add_argument("--rate", default=RunSpec.rate)
@@ -404,20 +425,21 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.remerge:
         for f in args.remerge:
-            doc = json.loads(f.read_text())
+            doc = read_doc(f)
             finish_profile(doc)
-            f.write_text(json.dumps(doc, indent=1) + "\n")
+            write_doc(f, doc)
         return 0
+    if args.out is None:
+        ap.error("--out FILE is required")
     if args.combine:
-        doc = combine([json.loads(f.read_text()) for f in args.combine])
-        args.out.write_text(json.dumps(doc, indent=1) + "\n")
+        write_doc(args.out, combine([read_doc(f) for f in args.combine]))
         return 0
     lo, _, hi = args.workers.partition("-")
     workers = list(range(int(lo), int(hi or lo) + 1))
     args.out.parent.mkdir(parents=True, exist_ok=True)
 
     def save(d: dict[str, Any]) -> None:
-        args.out.write_text(json.dumps(d, indent=1) + "\n")
+        write_doc(args.out, d)
 
     sweep(RunSpec(arch="ring", workers=1, rate=args.rate), args.arch.split(","), workers, save=save,
           repeats=args.repeats, net=not args.no_net, local=args.local,

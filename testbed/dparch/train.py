@@ -410,7 +410,7 @@ def run_net_ring(c: Ctx, tr: Trainer) -> dict[str, Any]:
             times.append(t1 - t0)
             starts.append(t0)  # one clock for all processes: the entry skew can be taken out
             ends.append(t1)
-    # The same collective with the entries staggered as in a training step (session 4, issue #7): each
+    # The same collective with the entries staggered as in a training step: each
     # member first computes one real step (forward, backward, flattening; no update), so the members
     # enter with their own compute jitter and the last one with its quota spent, as in a ring job. The
     # collective after the last entry is then what a job's step pays on top of its slowest worker.
