@@ -2,7 +2,7 @@
 
 Run with ``.venv/bin/python -m bench cpd``. The series and their human annotations are the ones kept in
 ``tests/data/tcpd/`` (from the Turing Change Point Dataset; see its SOURCES.md); the metrics are
-``failslow.cpd_eval`` (TCPDBench's definitions, margin 5). Peers run in the same process on the same
+``failslow.detect.cpd_eval`` (TCPDBench's definitions, margin 5). Peers run in the same process on the same
 series: our plain BOCD (its raw output, no verification), binary segmentation from ``ruptures`` and "no
 change at all"; the published TCPDBench default-experiment scores of BOCPD and binseg on the same series
 are read from ``tests/data/tcpd/published_default.json``.
@@ -66,7 +66,7 @@ def _published(which: str, method: str, names: Sequence[str]) -> dict[str, float
 
 def run() -> str:
     """The cpd section, as Markdown."""
-    from failslow.cpd_eval import CPDScore, per_series_table, read_series_dir, score
+    from failslow.detect.cpd_eval import CPDScore, per_series_table, read_series_dir, score
 
     series = read_series_dir(DATA)
     names = [s.name for s in series]
@@ -110,7 +110,7 @@ def run() -> str:
     return (
         "Command: `.venv/bin/python -m bench cpd`. Series: "
         f"{len(series)} univariate series of the Turing Change Point Dataset kept in `tests/data/tcpd/` "
-        f"({names_s}; {sum(s.n for s in series)} points, 5 annotators each). Metrics: `failslow.cpd_eval`, "
+        f"({names_s}; {sum(s.n for s in series)} points, 5 annotators each). Metrics: `failslow.detect.cpd_eval`, "
         "TCPDBench's F1 (precision over the union of annotations, recall averaged over annotators, index 0 "
         "counted as a change point) and covering (of each annotator's partition, averaged), margin 5; "
         "our scores of `zero` equal TCPDBench's published ones on every series. Each method runs with its "

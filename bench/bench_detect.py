@@ -28,8 +28,8 @@ def _load() -> str:
 
 
 def _accuracy(n_jobs: int = 1000, n: int = 2000, seed: int = 2024) -> str:
-    from failslow.evaluate import evaluate, markdown_table, per_scenario_table
-    from failslow.synthetic import generate_suite
+    from failslow.detect.evaluate import evaluate, markdown_table, per_scenario_table
+    from failslow.detect.synthetic import generate_suite
 
     t0 = time.perf_counter()
     jobs = generate_suite(seed, n_jobs, n=n)
@@ -37,17 +37,15 @@ def _accuracy(n_jobs: int = 1000, n: int = 2000, seed: int = 2024) -> str:
     took = time.perf_counter() - t0
     pos = sum(j.failslow for j in jobs)
     return (f"### Labelled synthetic jobs (FALCON Tables 4–5 style, per job)\n\n"
-            f"{n_jobs} jobs × {n} iterations from `failslow.synthetic.generate_suite({seed}, {n_jobs})`: "
+            f"{n_jobs} jobs × {n} iterations from `failslow.detect.synthetic.generate_suite({seed}, {n_jobs})`: "
             f"{pos} with a fail-slow, {n_jobs - pos} without (healthy, sub-10 %, drift). Scored by "
-            f"`failslow.evaluate` (strict accuracy: a faulty job with an extra false alarm counts as wrong; "
+            f"`failslow.detect.evaluate` (strict accuracy: a faulty job with an extra false alarm counts as wrong; "
             f"delay = iterations from the true onset to the confirming sample). {took:.0f} s for all three.\n\n"
             f"{markdown_table(scores)}\n\n{per_scenario_table(scores[0])}\n")
 
 
 def _throughput(series: int = 16384, steps: int = 60) -> str:
-    from failslow.bocd import BOCD, BOCDConfig
-    from failslow.detect import make_detector
-    from failslow.verify import VerifyConfig
+    from failslow.detect import BOCD, BOCDConfig, VerifyConfig, make_detector
 
     rng = np.random.default_rng(0)
     x = rng.normal(1.0, 0.02, (steps, series))

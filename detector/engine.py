@@ -18,9 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from failslow.bocd import BOCDConfig
-from failslow.detect import RECOVER_SHARE, BatchDetector, keep_series, make_detector
-from failslow.verify import VerifyConfig
+from failslow.detect import RECOVER_SHARE, BatchDetector, BOCDConfig, VerifyConfig, keep_series, make_detector
 
 Key = tuple[str, str]  # (job, rank)
 TIME_RING = 1024  # poll times kept to turn sample indices into timestamps
@@ -111,18 +109,11 @@ class Engine:
         if self._det is None:
             self._det = make_detector(self.method, len(self.keys), **self._options())
             # Nothing seen yet: align the detector's clock with ours.
-            self._set_t(self.t)
+            self._det.seek(self.t)
         elif new:
             self._det.grow(len(self.keys))
         if self.last.shape[0] < len(self.keys):
             self.last = np.concatenate([self.last, np.full(len(self.keys) - self.last.shape[0], np.nan)])
-
-    def _set_t(self, t: int) -> None:
-        det: Any = self._det
-        det.t = t
-        model = getattr(det, "_model", None)
-        if model is not None:
-            model.t = t + 1
 
     def step(self, ts: float, samples: dict[Key, float], labels: dict[Key, dict[str, str]] | None = None,
              sample_ts: float | None = None) -> list[Change]:

@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Read, detect, print; bad input raises InputError (exit 2)."""
-    from failslow.detect import detect_series, parse_series_csv, result_json
+    from failslow.detect import detect_series
+    from failslow_cli.detect_io import parse_series_csv, result_json
 
     if args.column is not None and args.all_columns:
         raise InputError("--column and --all-columns are mutually exclusive")

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from failslow.synthetic import generate_job
+from failslow.detect.synthetic import generate_job
 
 
 def _run(cmd: list[str], *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:

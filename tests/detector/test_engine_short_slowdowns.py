@@ -1,6 +1,6 @@
 """The service's engine opens and closes short slowdowns (3-12 samples) exactly when the single-series path does.
 
-See tests/core/test_short_slowdowns.py for the cause (an event that never closed after a slowdown of 5-7
+See tests/detect/test_short_slowdowns.py for the cause (an event that never closed after a slowdown of 5-7
 samples), the shortest slowdown that is seen (``n_min`` = 5 samples always, 4 sometimes, 3 never) and the
 bound on closing (the end confirmed at most ``n_min`` samples after the first healthy sample).
 """
@@ -11,8 +11,7 @@ import numpy as np
 
 from detector.engine import Engine
 from detector.settings import Settings
-from failslow.detect import detect_series
-from failslow.verify import VerifyConfig
+from failslow.detect import VerifyConfig, detect_series
 
 ONSET = 100
 N = 260

@@ -1,4 +1,4 @@
-"""The service's engine reads speed-ups as the single-series path does (see tests/core/test_speedups.py).
+"""The service's engine reads speed-ups as the single-series path does (see tests/detect/test_speedups.py).
 
 A short speed-up that ends (the job back at the level it ran at) opens no job event; a lasting one is the
 new normal, and a slowdown from it opens (and closes) the job's event at the polls ``detect_series`` confirms.

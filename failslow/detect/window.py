@@ -17,9 +17,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from failslow.detect import BatchVerdict, EventTracker
+from failslow.detect.base import BatchVerdict, Change
+from failslow.detect.events import EventTracker
+from failslow.detect.history import History
 from failslow.errors import InputError
-from failslow.verify import History
 
 
 @dataclass
@@ -48,6 +49,10 @@ class WindowMedian:
         self._armed_at = np.full(self.n_series, 2 * self.width - 1, dtype=np.int64)
         self._tracker = EventTracker(self.n_series, self.threshold)
         self.t = -1
+
+    def seek(self, t: int) -> None:
+        """Set the clock of a detector that has consumed nothing yet: its next sample gets index ``t + 1``."""
+        self.t = t
 
     def grow(self, n_series: int) -> None:
         """Append fresh series."""
@@ -109,8 +114,7 @@ class WindowMedian:
                             slowdown=self._tracker.slowdown(), baseline=self._tracker.open_baseline())
 
 
-def window_changes(x: NDArray[np.floating[Any]], width: int = 10,
-                   threshold: float = 0.10) -> list[tuple[int, int, float, float, float]]:
+def window_changes(x: NDArray[np.floating[Any]], width: int = 10, threshold: float = 0.10) -> list[Change]:
     """The window method over one whole series: the same reports as :class:`WindowMedian`.
 
     Returns ``(detected_at, index, probability, level_before, level_after)`` per change.
@@ -124,7 +128,7 @@ def window_changes(x: NDArray[np.floating[Any]], width: int = 10,
         return []
     med = np.median(np.lib.stride_tricks.sliding_window_view(y, w), axis=1)  # med[i]: y[i:i+w]
     half = np.median(np.lib.stride_tricks.sliding_window_view(y, w // 2), axis=1)
-    out: list[tuple[int, int, float, float, float]] = []
+    out: list[Change] = []
     armed = 2 * w - 1
     i_idx = np.arange(2 * w - 1, n)
     mn_all, mo_all = med[i_idx - w + 1], med[i_idx - 2 * w + 1]

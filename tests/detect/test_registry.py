@@ -1,4 +1,5 @@
-"""Detectors on labelled synthetic jobs: every detector × every scenario, and the robustness cases."""
+"""The registered detectors on labelled synthetic jobs: every method × every scenario, the robustness
+cases, the offline API (`detect_series`/`detect_matrix`), `Stream`, state round trips and `keep_series`."""
 
 from __future__ import annotations
 
@@ -8,15 +9,16 @@ import pytest
 from failslow.detect import (
     METHODS,
     Stream,
+    VerifyConfig,
     detect_matrix,
     detect_series,
     keep_series,
     make_detector,
     select_state,
 )
+from failslow.detect.evaluate import score_method
+from failslow.detect.synthetic import POSITIVE, SCENARIOS, generate_job
 from failslow.errors import InputError
-from failslow.evaluate import evaluate, score_job, score_method
-from failslow.synthetic import POSITIVE, SCENARIOS, generate_job
 
 JOBS_PER_CELL = 4
 
@@ -137,7 +139,6 @@ def test_sub_threshold_change_is_not_confirmed_but_threshold_is_configurable() -
     rng = np.random.default_rng(13)
     x = np.r_[rng.normal(1.0, 0.005, 300), rng.normal(1.06, 0.005, 300)]
     assert detect_series(x, "bocd-v").change_points == []
-    from failslow.verify import VerifyConfig
     res = detect_series(x, "bocd-v", verify=VerifyConfig(threshold=0.05))
     assert [c.index for c in res.change_points] == [300]
 
@@ -210,18 +211,6 @@ def test_keep_series_drops_dead_series_and_resumes_the_rest(method: str) -> None
             assert np.array_equal(getattr(a, name)[[0, 3]], getattr(b, name)), (name, t)
     with pytest.raises(InputError):
         select_state(full.state_dict(), [4])
-
-
-def test_evaluation_table_and_scoring() -> None:
-    jobs = [generate_job(s, sc, n=800) for s, sc in enumerate(["healthy", "compute", "sub10", "ladder"])]
-    scores = evaluate(jobs)
-    assert [s.method for s in scores] == ["bocd-v", "bocd", "window"]
-    assert scores[0].accuracy == 1.0 and scores[0].fpr == 0.0 and scores[0].fnr == 0.0
-    job = jobs[1]
-    ev = job.events[0]
-    assert score_job(job, [(ev.onset, ev.onset + 4, -1)]).delay == 4
-    assert score_job(job, [(5, 9, 20)]).spurious == 1
-    assert not score_job(job, []).detected
 
 
 @pytest.mark.parametrize("bad", [{"method": "nope"}])

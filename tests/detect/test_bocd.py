@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from failslow.bocd import BOCD, BOCDConfig
+from failslow.detect.bocd import BOCD, BOCDConfig
 from failslow.errors import InputError
 
 
@@ -97,7 +97,7 @@ def test_bad_update_is_rejected() -> None:
 
 
 def test_batch_run_lengths_equal_streaming() -> None:
-    from failslow.bocd import run_lengths
+    from failslow.detect.bocd import run_lengths
     x = _step_series(6)
     x[[3, 40, 121]] = np.nan
     b = BOCD(1)
@@ -110,7 +110,7 @@ def test_batch_run_lengths_equal_streaming() -> None:
 def test_float32_state_makes_the_float64_decisions_on_labelled_jobs() -> None:
     """The service runs BOCD+V with float32 state (half the memory traffic): same events as float64."""
     from failslow.detect import make_detector
-    from failslow.synthetic import generate_suite
+    from failslow.detect.synthetic import generate_suite
 
     jobs = generate_suite(7, 40, n=800)
     x = np.stack([j.values for j in jobs], axis=1)

@@ -19,8 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from failslow.detect import SeriesResult, detect_matrix, detect_series
-from failslow.verify import VerifyConfig
+from failslow.detect import SeriesResult, VerifyConfig, detect_matrix, detect_series
 
 ONSET = 100
 N = 300

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from failslow.cpd_eval import (
+from failslow.detect import detect_series
+from failslow.detect.cpd_eval import (
     covering,
     f1_score,
     parse_series,
@@ -17,7 +18,6 @@ from failslow.cpd_eval import (
     score,
     true_positives,
 )
-from failslow.detect import detect_series
 from failslow.errors import InputError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "tcpd"

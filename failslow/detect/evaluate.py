@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from failslow.detect import detect_matrix
+from failslow.detect.registry import detect_matrix
+from failslow.detect.synthetic import SyntheticJob
 from failslow.errors import InputError
-from failslow.synthetic import SyntheticJob
 
 
 @dataclass(frozen=True)
