@@ -296,8 +296,8 @@ _CULPRIT_TRUTH = {"cpu": ("compute", "rank 3"), "link": ("link", "node 1"), "gc"
 
 
 def _culprit_table() -> str:
-    """Every testbed fault kind injected for real, analysed by failslow.groups.analyse on the rings."""
-    from failslow.groups import Calls, Culprit, analyse, calls_from_ring_dir
+    """Every testbed fault kind injected for real, analysed by failslow.culprit.analyse on the rings."""
+    from failslow.culprit import Calls, Culprit, analyse, calls_from_ring_dir
     from failslow.topology import Layout
 
     def fmt(c: Culprit) -> str:
@@ -351,7 +351,7 @@ def _culprit_table() -> str:
     return ("### Culprit analysis on the testbed (every fault kind injected for real)\n\n"
             "Two DP2×PP2 testbed jobs (`failslow testbed run --torch-hook`, gloo, one rank per network "
             "namespace), faults as listed in `_CULPRIT_RUNS`; the rings the torch hook wrote are analysed "
-            "over each fault's window from the injection log with `failslow.groups.analyse` (DP peers, "
+            "over each fault's window from the injection log with `failslow.culprit.analyse` (DP peers, "
             "cross-stage comparison, node map). Correct = exactly the injected culprit, no victim named. "
             f"Load average {_load()}.\n\n"
             "| injected fault | truth | named (confidence) | correct |\n|---|---|---|---|\n"

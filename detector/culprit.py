@@ -7,7 +7,7 @@ Queries (``W`` = the slow period so far, capped by ``culprit_window_s``):
   ``_count``: mean time per call of each rank on each communicator;
 * ``failslow_comm_info{job=J}``: the parallel role of each communicator, so only like groups are compared.
 
-Then :func:`failslow.groups.analyse_aggregates` names the suspects; peers of a rank are the ranks with the
+Then :func:`failslow.culprit.analyse_aggregates` names the suspects; peers of a rank are the ranks with the
 same ``pp_rank``/``tp_rank`` labels (its data-parallel group), stages come from ``pp_rank`` (a whole slow
 stage is named rank by rank) and nodes from the ``node`` label.
 """
@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 from detector.prom import PromClient, Sample
-from failslow.groups import Analysis, analyse_aggregates
+from failslow.culprit import Analysis, analyse_aggregates
 
 
 def _esc(v: str) -> str:

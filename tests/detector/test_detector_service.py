@@ -326,7 +326,7 @@ def test_metrics_bounded_suspect_series() -> None:
 
 def test_a_slow_stage_is_exported_rank_by_rank_within_the_limit() -> None:
     from detector.culprit import suspects
-    from failslow.groups import Analysis, Culprit
+    from failslow.culprit import Analysis, Culprit
 
     stage = Culprit(kind="compute", rank=None, node=None, ranks=(4, 5, 6), confidence=0.9, stage=2,
                     evidence={"stage": 2, "stage_compute_ratio": 1.8})

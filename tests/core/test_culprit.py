@@ -7,8 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
+from failslow.culprit import RECV, SEND, Calls, analyse, match_instances
 from failslow.errors import InputError
-from failslow.groups import RECV, SEND, Calls, analyse, match_instances
 from failslow.topology import Layout
 
 ALLREDUCE = 1
@@ -245,7 +245,7 @@ def _aggregate(calls: Calls, layout: Layout) -> tuple[dict[int, float], dict[int
 @pytest.mark.parametrize(("fault", "expect"), [({"slow_rank": 4}, ("compute", 4)), ({"slow_node": 2}, ("link", 2)),
                                                ({"slow_stage": 1}, ("stage", 1)), ({}, None)])
 def test_aggregated_form_gives_the_same_verdicts(fault: dict[str, int], expect: tuple[str, int] | None) -> None:
-    from failslow.groups import analyse_aggregates
+    from failslow.culprit import analyse_aggregates
     lay = Layout(dp=3, pp=2, ranks_per_node=1)
     outside, group, kind = _aggregate(simulate(lay, **fault), lay)
     a = analyse_aggregates(outside, group, group_kind=kind, node_of=lay.node_of, peers_of=lay.dp_group,
@@ -265,7 +265,7 @@ def test_aggregated_form_gives_the_same_verdicts(fault: dict[str, int], expect: 
 def test_averaged_form_does_not_blame_a_link_for_a_compute_stragglers_delay() -> None:
     # Rank 3 is slow outside calls; the other pipeline's P2P group (ranks 0, 2) looks slow only because
     # the whole job waits for rank 3. Averages cannot split wait from transfer, so no link is named.
-    from failslow.groups import analyse_aggregates
+    from failslow.culprit import analyse_aggregates
 
     outside = {0: 0.1, 1: 0.1, 2: 0.1, 3: 0.3}
     groups = {"dp0": {0: 0.05, 1: 0.05}, "dp1": {2: 0.05, 3: 0.05},

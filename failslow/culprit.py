@@ -45,10 +45,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from failslow.errors import InputError
-from failslow.ring import RingReader, find_rings
+from failslow.ring import Op, RingReader, find_rings
 
 #: Op codes (ring.Op) of point-to-point calls; everything else below 64 is a collective.
-SEND, RECV = 7, 8
+SEND, RECV = int(Op.SEND), int(Op.RECV)  # the record's op codes, as ints for array comparisons
 
 
 @dataclass
