@@ -22,9 +22,9 @@ import numpy as np
 
 from exporter.accuracy import score_run
 from exporter.collectors.ring import RingCollector
-from failslow import period_synth as ps
-from failslow.acf import encode_symbols, estimate_period, gap_signal
 from failslow.errors import InputError
+from failslow.period import encode_symbols, estimate_period, gap_signal
+from failslow.period import synth as ps
 from failslow.ring import Flag, RingReader, RingWriter, find_rings
 
 TITLE = "Exporter: scrape time, ACF inference, memory, accuracy against the trainer"

@@ -14,13 +14,16 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from failslow.acf import CONFIDENCE_MIN, IterationResult, infer_iterations
 from failslow.errors import InputError
-from failslow.period_io import Calls, parse_calls
-from failslow.profiler_trace import (
+from failslow.period import (
+    CONFIDENCE_MIN,
+    Calls,
+    IterationResult,
     compare_steps,
     decompress,
+    infer_iterations,
     is_profiler_trace,
+    parse_calls,
     parse_profiler_trace,
     trace_files,
 )

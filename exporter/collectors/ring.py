@@ -2,7 +2,7 @@
 
 Every process tracked by the NCCL shim or the torch hook owns one ring file in the ring directory.
 On each poll this collector opens rings of new processes, reads the records committed since the last
-poll, and feeds each rank's call stream to a streaming `failslow.acf.PeriodTracker`, which turns it
+poll, and feeds each rank's call stream to a streaming `failslow.period.PeriodTracker`, which turns it
 into iterations without knowing the framework. Rings of processes that have exited are read one
 last time and their series dropped.
 
@@ -32,8 +32,8 @@ from prometheus_client.core import Metric
 
 from exporter.collector import family
 from exporter.settings import Settings
-from failslow.acf import CONFIDENCE_MIN, PeriodTracker
 from failslow.errors import InputError
+from failslow.period import CONFIDENCE_MIN, PeriodTracker
 from failslow.ring import CALL_OPS, OP_NAMES, Flag, Op, RingHeader, RingReader, find_rings, process_alive
 from failslow.topology import Coords, Layout, ObservedComm, group_kind, infer_layout
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from failslow import period_synth as ps
+from failslow.period import synth as ps
 from failslow.ring import _HDR, Flag, Op, RingWriter
 
 CLOCK_OFFSET_NS = 1_700_000_000_000_000_000  # fixed wall-clock offset so the golden output is stable

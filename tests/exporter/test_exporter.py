@@ -289,7 +289,7 @@ def test_settings_are_built_once_and_passed_down(tmp_path: Path) -> None:
 def test_two_rings_of_one_rank_and_unknown_ranks_keep_series_unique(tmp_path: Path) -> None:
     from exporter_ringdata import write_trace
 
-    from failslow import period_synth as ps
+    from failslow.period import synth as ps
 
     tr = ps.generate([ps.dp_buckets(2)], [20], seed=3)
     # the same rank seen by two producers (e.g. shim + torch hook), and two processes of unknown rank
@@ -320,7 +320,7 @@ def generate_latest_of(collector: RingCollector) -> list[bytes]:
 
 def test_ring_overflow_is_counted_and_iterations_resume(tmp_path: Path) -> None:
     """A producer that laps the exporter: lost records are counted and the tracker restarts at the hole."""
-    from failslow import period_synth as ps
+    from failslow.period import synth as ps
     from failslow.ring import Flag, RingWriter
 
     tr = ps.generate([ps.dp_buckets(3)], [400], seed=5)  # 1600 calls

@@ -5,8 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from failslow import period_synth as ps
-from failslow.acf import (
+from failslow.period import (
     CONFIDENCE_MIN,
     PeriodTracker,
     encode_symbols,
@@ -16,6 +15,7 @@ from failslow.acf import (
     regularity,
     split_by_gaps,
 )
+from failslow.period import synth as ps
 
 
 def _many_alike(iterations: int, seed: int, calls: int = 400) -> tuple[np.ndarray, np.ndarray]:

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from failslow.errors import InputError
-from failslow.period_io import Calls, finite_float
+from failslow.period.io import Calls, finite_float
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z0-9_]+)")

@@ -1,4 +1,4 @@
-"""Re-make the profiler-trace fixtures of tests/core/test_profiler_trace.py.
+"""Re-make the profiler-trace fixtures of tests/period/test_profiler_trace.py.
 
 Two kinds of fixtures:
 
@@ -17,8 +17,8 @@ Two kinds of fixtures:
 
 Usage (from the repository root)::
 
-    .venv/bin/python tests/core/data/profiler/make_traces.py            # everything
-    .venv/bin/python tests/core/data/profiler/make_traces.py --synthetic-only
+    .venv/bin/python tests/period/data/profiler/make_traces.py            # everything
+    .venv/bin/python tests/period/data/profiler/make_traces.py --synthetic-only
 
 Recording takes about a minute on two cores; the recorded timings differ from run to run (real jobs), the
 synthetic files are identical for equal seeds.

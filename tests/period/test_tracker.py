@@ -1,4 +1,5 @@
-"""Period inference on seeded synthetic call streams with ground truth."""
+"""The streaming period tracker (and `infer_iterations`, which runs it) on seeded synthetic call streams
+with ground truth, and on recorded calls."""
 
 from __future__ import annotations
 
@@ -6,40 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from period_scenarios import SCENARIOS, features
 
-from failslow import period_synth as ps
-from failslow.acf import PeriodTracker, encode_symbols, estimate_period, infer_iterations
 from failslow.errors import InputError
-
-SCENARIOS = {
-    "dp_buckets": lambda: ps.dp_buckets(4),
-    "dp_identical_buckets": lambda: ps.dp_buckets(4, identical=True),
-    "dp_single_allreduce": lambda: ps.dp_buckets(1, identical=True),
-    "pp4_first_stage": lambda: ps.pp_1f1b(0, 4, 8),
-    "pp4_middle_stage": lambda: ps.pp_1f1b(1, 4, 8),
-    "pp4_last_stage": lambda: ps.pp_1f1b(3, 4, 8),
-    "pp2_with_dp": lambda: ps.pp_1f1b(1, 2, 6, dp_allreduce=True),
-}
-
-
-def _features(tr: ps.SynthTrace, identical: bool) -> tuple[np.ndarray, ...]:
-    # "identical": every call has the same kind, communicator and size; only timing is left.
-    return () if identical else (tr.op, tr.comm, tr.nbytes)
-
-
-@pytest.mark.parametrize("identical", [False, True], ids=["features", "all_identical"])
-@pytest.mark.parametrize("name", sorted(SCENARIOS))
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_batch_period_is_exact(name: str, identical: bool, seed: int) -> None:
-    tr = ps.generate([SCENARIOS[name]()], [30], seed=seed)
-    feats = _features(tr, identical)
-    est = estimate_period(tr.t_start, encode_symbols(*feats) if feats else None)
-    assert est is not None
-    assert est.period == tr.period[0]
-    # durations between boundary calls telescope to the true total over the same iterations
-    k = len(est.iteration_s)
-    assert k >= 28
-    assert abs(np.mean(est.iteration_s) / np.mean(tr.iteration_s) - 1) < 0.01
+from failslow.period import PeriodTracker, infer_iterations
+from failslow.period import synth as ps
 
 
 @pytest.mark.parametrize("jitter", [0.0, 0.05, 0.2])
@@ -73,7 +45,7 @@ def _check_change(tr: ps.SynthTrace, res, first: int, second: int, n_first: int)
 def test_pattern_change_micro_batches(identical: bool, seed: int) -> None:
     # 1F1B first stage of two: micro-batches 4 -> 8 doubles the calls per iteration.
     tr = ps.generate([ps.pp_1f1b(0, 2, 4), ps.pp_1f1b(0, 2, 8)], [40, 60], seed=seed)
-    res = infer_iterations(tr.t_start, *_features(tr, identical))
+    res = infer_iterations(tr.t_start, *features(tr, identical))
     _check_change(tr, res, 8, 16, 40)
 
 
@@ -116,29 +88,6 @@ def test_lost_records_restart_the_stretch() -> None:
     # no iteration straddling the hole is reported with a wrong length
     assert np.all(np.abs(out_a / np.median(tr.iteration_s) - 1) < 0.15)
     assert len(out_a) >= 70
-
-
-def test_aperiodic_noise_has_no_period() -> None:
-    rng = np.random.default_rng(5)
-    t = np.cumsum(rng.exponential(0.01, size=2000))
-    est = estimate_period(t)
-    assert est is None or est.confidence < 0.1
-
-
-def test_bad_input_raises() -> None:
-    with pytest.raises(InputError):
-        estimate_period([0.0, np.nan, 1.0])
-    with pytest.raises(InputError):
-        estimate_period([0.0, 1.0], [1])
-    with pytest.raises(InputError):
-        encode_symbols([1, 2], [1])
-    with pytest.raises(InputError):
-        PeriodTracker(buffer=2)
-    tr = PeriodTracker()
-    tr.update([0.0, 1.0], [1, 1])
-    with pytest.raises(InputError):
-        tr.update([2.0], [1], [2])  # feature count changed
-    assert estimate_period([1.0, 2.0]) is None  # too short to hold repeats
 
 
 def test_call_end_times_mark_iterations() -> None:

@@ -1,7 +1,7 @@
 """PyTorch profiler traces as input of `failslow period`: parser with literals and edge files, accuracy
 against ``ProfilerStep#N`` on recorded gloo traces and on NCCL-shaped GPU timelines, the CLI's exit codes.
 
-Fixtures: tests/core/data/profiler (re-made by its make_traces.py; see its docstring).
+Fixtures: tests/period/data/profiler (re-made by its make_traces.py; see its docstring).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from failslow.acf import CONFIDENCE_MIN, IterationResult, infer_iterations
 from failslow.errors import InputError
-from failslow.profiler_trace import (
+from failslow.period import CONFIDENCE_MIN, IterationResult, infer_iterations
+from failslow.period.profiler_trace import (
     StepComparison,
     compare_steps,
     is_profiler_trace,

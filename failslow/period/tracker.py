@@ -1,0 +1,500 @@
+"""The streaming period tracker: `PeriodTracker.update(batch) -> PeriodVerdict` over one process's calls.
+
+With a bounded buffer, it emits each completed iteration once, re-estimates periodically
+(`failslow.period.acf.estimate_period`), and restarts estimation when the call pattern changes (e.g. the
+micro-batch count changes: a symbol mismatch, a quick re-estimate on the latest iterations, or iterations
+unlike the gap template of `failslow.period.template`) or when records were lost. Where iterations begin
+and where they are marked is `failslow.period.boundaries`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Final
+
+import numpy as np
+import numpy.typing as npt
+
+from failslow.errors import InputError
+from failslow.period.acf import DOUBT_FACTOR, DOUBT_MAX_CALLS, PeriodEstimate, estimate_period
+from failslow.period.boundaries import iteration_marks, mark_at_end, phase_anchor
+from failslow.period.confidence import CONFIDENCE_MIN
+from failslow.period.folds import blocks_differ, trust_switch
+from failslow.period.gaps import gap_signal
+from failslow.period.numeric import FloatArray, IntArray
+from failslow.period.symbols import encode_symbols
+from failslow.period.template import GapTemplate
+
+#: A tracker adopts a period when its stretch holds this many repeats of it and an estimate on a
+#: shorter stretch (the previous one, or the first two thirds) agrees (lock-in hysteresis).
+LOCK_REPEATS: Final = 16
+#: ... and, for periods of several calls, at least this many calls (a period of 8 identical-looking
+#: Send/Recv pairs shows as 2 until the block test can look at 4 times that).
+LOCK_MIN_CALLS: Final = 96
+#: Repeats of a short multiple of a candidate period needed before its blocks may veto the candidate.
+MULTIPLE_REPEATS: Final = 12
+
+
+@dataclass(frozen=True)
+class PeriodVerdict:
+    """What one `PeriodTracker.update` learned.
+
+    Attributes:
+        period: Calls per iteration: the last period locked in (kept while a change alarm is being
+            re-estimated), or ``None`` before the first.
+        changed: The period changed (or was first found) in this update.
+        iteration_s: Durations of iterations completed in this update, oldest first.
+        iteration_end_t: Time (same clock as the input) each of those iterations ended.
+        iterations_total: Iterations emitted since the tracker was created.
+        mean_iteration_s: Mean over the last ``window`` emitted iterations, or ``None`` if none yet.
+        last_iteration_end_t: End time of the most recent emitted iteration, or ``None``.
+        confidence: Confidence in ``period`` (0 when none), from the latest estimate of it on the current
+            stretch; cut below `CONFIDENCE_MIN` when the gap split finds whole iterations of another length.
+            Below `CONFIDENCE_MIN` the period and its iteration times are not to be shown.
+    """
+
+    period: int | None
+    changed: bool
+    iteration_s: FloatArray
+    iteration_end_t: FloatArray
+    iterations_total: int
+    mean_iteration_s: float | None
+    last_iteration_end_t: float | None
+    confidence: float
+
+
+@dataclass
+class PeriodTracker:
+    """Streaming iteration tracker over one process's call stream, with bounded memory.
+
+    Feed batches of calls in order with `update`; each completed iteration is reported once.
+
+    Attributes:
+        buffer: Calls kept for (re-)estimation; the largest detectable period is ``buffer // min_repeats``.
+        window: Iterations averaged for ``mean_iteration_s``.
+        min_repeats: Iterations needed before a period is trusted.
+        refresh: Re-estimate after this many new calls even without a detected change (catches changes
+            the symbols cannot show, e.g. Send/Recv-only streams whose micro-batch count changed).
+        origin: The first call fed is the first call the process made (its ring was read from the
+            first record). The first iteration then begins where the calls start repeating, and
+            iteration boundaries are anchored there: the trainer's own iteration begins at that call.
+        together: Times are exact (nanosecond clocks) and calls issued together (one
+            ``batch_isend_irecv``, as the torch hook records it) share one start time: whether a call
+            was issued together with the one before it becomes part of its kind. This is call
+            structure, not timing, and no load changes it: on a pipeline stage whose calls all look
+            alike (the same Recv/Send pair per micro-batch) the iteration's first Recv, the only one
+            not batched with a Send, tells the iteration from a micro-batch and shows a change of the
+            micro-batch count at once. Leave it off for coarse clocks (a CSV in milliseconds), where
+            unrelated calls can share a time.
+
+    Iteration boundaries, once found, stay on one grid: a re-estimate of the same period keeps them,
+    and after a pattern change the new iterations start on a boundary of the old grid (schedules
+    change between iterations). Only without any anchor (a stream joined mid-run, or records lost)
+    is the phase chosen from the gaps (the call after the longest median gap).
+    """
+
+    buffer: int = 8192
+    window: int = 20
+    min_repeats: int = 4
+    refresh: int = 2048
+    origin: bool = False
+    together: bool = False
+    _t: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
+    _te: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
+    _keys: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty((0, 0), dtype=np.int64), repr=False)
+    _base: int = 0  # absolute index of _t[0]
+    _seg: int = 0  # absolute index where the current stationary stretch starts
+    _period: int | None = None
+    _conf: float = 0.0
+    _shown_conf: float = 0.0  # confidence in the period shown (see `PeriodVerdict.confidence`)
+    _anchor: int = 0  # absolute index of a boundary of the current period
+    _last_b: int | None = None  # absolute index of the last boundary already emitted
+    _since_est: int = 0
+    _next_try: int = 0
+    _total: int = 0
+    _recent: deque[float] = field(default_factory=deque, repr=False)
+    _last_end: float | None = None
+    _last_seq: int | None = None
+    _gaps: GapTemplate = field(default_factory=GapTemplate, repr=False)  # gap profile of the current period
+    _changed_by_gaps: bool = False
+    _last_quick: int = 0
+    _est_len: int = 0
+    _suspect: int | None = None
+    _cand: int | None = None  # period of the last estimate on this stretch (lock-in needs two alike)
+    _seg_origin: bool = True  # the current stretch starts at the stream's origin
+    _grid: tuple[int, int] | None = None  # (boundary, period) of the grid before a pattern change
+    _resume: int | None = None  # first unreported boundary before a restart (continue there if unchanged)
+    _mark_end: bool = True  # mark iterations by the end of their last call (else the start of the first)
+    _shown: int | None = None  # the period reported: the last one locked in, kept while re-estimating
+    _out: tuple[list[float], list[float]] | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.buffer < 16 or self.window < 1 or self.min_repeats < 2 or self.refresh < 1:
+            raise InputError("PeriodTracker: buffer >= 16, window >= 1, min_repeats >= 2, refresh >= 1")
+        self._recent = deque(maxlen=self.window)
+
+    @property
+    def period(self) -> int | None:
+        """Calls per iteration: the last period locked in (kept while a change is being re-estimated;
+        ``None`` until the first one)."""
+        return self._shown
+
+    def _end(self) -> int:
+        return self._base + len(self._t)
+
+    def update(
+        self,
+        t_start: npt.ArrayLike,
+        *features: npt.ArrayLike,
+        seq: npt.ArrayLike | None = None,
+        t_end: npt.ArrayLike | None = None,
+    ) -> PeriodVerdict:
+        """Add calls (in order) and report iterations completed by them.
+
+        Args:
+            t_start: Start times of the new calls, seconds.
+            *features: Per-call features that define a call's kind (op, communicator, bytes), each
+                integer-valued; the same features in the same order on every update.
+            seq: Optional per-call sequence numbers; a jump means records were lost, so the stretch
+                restarts after it rather than mixing calls across the hole.
+            t_end: Optional call end times (NaN where unknown). When known, iterations are marked
+                at the start of their first call, or at the end of their last call when most of the
+                iteration passes before the first call (see `failslow.period.boundaries.mark_at_end`);
+                otherwise between the mean start times of their calls.
+
+        Raises:
+            InputError: lengths differ, times are not finite, or the feature count changes.
+        """
+        t = np.asarray(t_start, dtype=np.float64).reshape(-1)
+        if not np.isfinite(t).all():
+            raise InputError("PeriodTracker.update: non-finite time")
+        keys = np.stack([np.asarray(f, dtype=np.int64).reshape(-1) for f in features], axis=1) if features \
+            else np.zeros((len(t), 0), dtype=np.int64)
+        if keys.shape[0] != len(t):
+            raise InputError("PeriodTracker.update: features and t_start differ in length")
+        if self.together:
+            prev = self._t[-1] if len(self._t) else np.nan
+            keys = np.concatenate((keys, (np.diff(t, prepend=prev) == 0).astype(np.int64)[:, None]), axis=1)
+        if self._keys.shape[1] != keys.shape[1]:
+            if len(self._t):
+                raise InputError("PeriodTracker.update: the number of features changed")
+            self._keys = np.empty((0, keys.shape[1]), dtype=np.int64)
+        new_start = self._end()
+        period_before = self._shown
+        emitted_s: list[float] = []
+        emitted_t: list[float] = []
+        self._out = (emitted_s, emitted_t)
+        changed = False
+        if len(t) == 0:
+            return self._verdict(changed, emitted_s, emitted_t)
+        if seq is not None:
+            sq = np.asarray(seq, dtype=np.int64).reshape(-1)
+            if len(sq) != len(t):
+                raise InputError("PeriodTracker.update: seq and t_start differ in length")
+            prev = np.concatenate(([self._last_seq if self._last_seq is not None else sq[0] - 1], sq[:-1]))
+            holes = np.flatnonzero(sq != prev + 1)
+            if len(holes):
+                changed |= self._restart(new_start + int(holes[-1]), grid=False)
+            self._last_seq = int(sq[-1])
+        if t_end is None:
+            te = np.full(len(t), np.nan)
+        else:
+            te = np.asarray(t_end, dtype=np.float64).reshape(-1)
+            if len(te) != len(t):
+                raise InputError("PeriodTracker.update: t_end and t_start differ in length")
+        self._t = np.concatenate((self._t, t))
+        self._te = np.concatenate((self._te, te))
+        self._keys = np.concatenate((self._keys, keys))
+        if len(self._t) > self.buffer:
+            drop = len(self._t) - self.buffer
+            self._t, self._te, self._keys = self._t[drop:], self._te[drop:], self._keys[drop:]
+            self._base += drop
+            if self._seg < self._base:
+                self._seg, self._seg_origin = self._base, False
+        self._since_est += len(t)
+
+        if self._period is not None:
+            # Symbol check of the new calls against one period earlier: a mismatch burst is a new pattern.
+            # The two periods before the new calls are looked at again: whether two mismatches of a
+            # change fall into one read must not depend on how often the exporter polls (a loaded machine
+            # polls late, with bigger reads; a quiet one reads one iteration at a time), and the restart
+            # snaps to the boundary before the *first* mismatch (else the first half of a longer new
+            # iteration, read before the second mismatch, was reported as an iteration).
+            lo = max(new_start - 2 * self._period, self._seg + self._period, self._base + self._period)
+            if lo < self._end() and self._keys.shape[1]:
+                cur = self._keys[lo - self._base:]
+                ref = self._keys[lo - self._base - self._period: self._end() - self._base - self._period]
+                bad = np.flatnonzero((cur != ref).any(axis=1))
+                if len(bad) >= max(2, (self._end() - lo) // 50):
+                    changed |= self._restart(lo + int(bad[0]))
+        if self._shown is not None and self._shown_conf >= CONFIDENCE_MIN and self._recent \
+                and self._end() - self._seg <= DOUBT_MAX_CALLS:
+            # A gap far longer than the iterations shown, in a young stretch: maybe the first gap between the
+            # real iterations (the period shown a fraction of them). Not stated until the next estimate.
+            lo = max(new_start - 1, self._base) - self._base
+            if len(self._t) - lo >= 2 and float(np.max(np.diff(self._t[lo:]))) > \
+                    DOUBT_FACTOR * float(np.median(self._recent)):
+                self._shown_conf = 0.5 * CONFIDENCE_MIN * self._shown_conf
+        if self._period is not None and self._end() - self._last_quick >= 2 * self._period:
+            changed |= self._quick_check()
+        for _ in range(3):  # estimate, emit; a change seen while emitting re-estimates the rest
+            # Re-estimate on a schedule, and whenever the stretch has doubled since the last estimate:
+            # a young stream's first answer (few repeats) may be a micro-batch, not the iteration.
+            grown = self._end() - self._seg >= 2 * self._est_len and self._est_len < self.buffer
+            pending = self._cand is not None and self._cand != self._period  # a lock-in to confirm
+            if (self._period is None or self._since_est >= self.refresh or grown or pending) \
+                    and self._end() >= self._next_try:
+                changed |= self._estimate()
+            if self._period is None:
+                break
+            self._changed_by_gaps = False
+            self._emit(emitted_s, emitted_t)
+            if not self._changed_by_gaps:
+                break
+            changed = True
+        # A false alarm that took the same period back within this update changed nothing.
+        changed = changed and self._shown != period_before
+        return self._verdict(changed, emitted_s, emitted_t)
+
+    def flush(self) -> PeriodVerdict:
+        """End of the stream: no later estimate can confirm a pending period, so adopt it now.
+
+        Batch use (a whole recorded sequence) calls this after the last `update`; it reports the
+        iterations of a period found but not yet locked in.
+        """
+        emitted_s: list[float] = []
+        emitted_t: list[float] = []
+        self._out = (emitted_s, emitted_t)
+        changed = False
+        if self._cand is not None and self._cand != self._period:
+            changed = self._estimate(trusted=True)
+            if self._period is not None:
+                self._emit(emitted_s, emitted_t)
+        return self._verdict(changed, emitted_s, emitted_t)
+
+    def _quick_check(self) -> bool:
+        """Re-estimate on the latest few iterations only; adopt a different period seen twice in a row.
+
+        Cheap (a few periods of calls) and frequent, so a schedule change that the symbols cannot show
+        (all calls alike) is found within a few iterations instead of at the next full refresh.
+        """
+        p = self._period
+        self._last_quick = self._end()
+        if p is None:
+            return False
+        n = min(self._end() - self._seg, 4 * self.min_repeats * p)
+        if n < 2 * self.min_repeats * p:
+            return False
+        lo = self._end() - n - self._base
+        sym = encode_symbols(*self._keys[lo:].T) if self._keys.shape[1] else None
+        est = estimate_period(self._t[lo:], sym, min_repeats=self.min_repeats)
+        if est is None or est.period == p or not trust_switch(self._t[lo:], est.period, p):
+            self._suspect = None
+            return False
+        if self._suspect != est.period:
+            self._suspect = est.period
+            return False
+        self._suspect = None
+        self._restart(self._end() - n)
+        self._estimate()
+        return True
+
+    def _restart(self, at: int, *, grid: bool = True) -> bool:
+        """Start a new stationary stretch at call ``at`` (absolute); returns whether a period was lost.
+
+        With ``grid`` (a pattern change, not lost records) and a period in force, the stretch starts on
+        the boundary of the current grid at or before ``at``: a schedule changes between iterations, so
+        the first new iteration began there. Complete iterations before it are reported first.
+        """
+        was = self._period is not None
+        self._grid, self._resume = None, None
+        p, b = self._period, self._last_b
+        if grid and p is not None and b is not None:
+            snapped = b + ((at - b) // p) * p
+            if snapped >= self._base:
+                if self._out is not None:
+                    # Complete old iterations are reported, except the one right before the change: it
+                    # may be the first part of a longer new iteration (see `boundaries.phase_anchor`).
+                    self._emit(*self._out, limit=snapped - p)
+                at = snapped
+                self._grid = (snapped, p)
+                self._resume = self._last_b
+        self._seg = max(at, self._base)
+        self._seg_origin = False
+        self._period, self._conf, self._last_b, self._next_try = None, 0.0, None, 0
+        self._cand = None
+        return was
+
+    def _estimate(self, *, trusted: bool = False) -> bool:
+        lo = self._seg - self._base
+        t = self._t[lo:]
+        self._since_est = 0
+        self._est_len = len(t)
+        if len(t) < 2 * self.min_repeats:
+            return False
+        sym = encode_symbols(*self._keys[lo:].T) if self._keys.shape[1] else None
+        est = estimate_period(t, sym, min_repeats=self.min_repeats)
+        if est is None:
+            self._next_try = self._end() + max(8, len(t) // 4)
+            return False
+        p = est.period
+        if p == self._shown:
+            if p == self._period:  # not while a change is re-estimated on a short stretch
+                self._shown_conf = est.confidence
+        elif est.method == "gaps" and self._shown is not None:
+            # Whole iterations of another length between gaps far longer than any other: the period shown is
+            # wrong (e.g. a fraction of 400 alike calls per iteration, locked in before the first long gap).
+            # No iteration time is shown until the new period is locked in.
+            self._shown_conf = min(self._shown_conf, 0.2 * CONFIDENCE_MIN)
+        if p == self._period:
+            self._cand = p
+            self._conf = est.confidence
+            # Refit on reported iterations only: unreported ones may already follow a new schedule.
+            self._fit_template(upto=self._last_b)
+            return False
+        # Lock-in: a period is adopted when its stretch holds LOCK_REPEATS repeats (enough for the block
+        # test to have looked at twice the period) and an estimate on a stretch at most two thirds as
+        # long (the previous one, else the first two thirds of this one) found it too. A young
+        # stream's first answers are often a micro-batch or a multiple of the period; reporting their
+        # iterations and switching later made the live gauge flap.
+        # After a pattern change the new iterations are known to start on the old grid, and the gauge
+        # should follow within a few iterations: half the repeats suffice there.
+        repeats = LOCK_REPEATS if self._grid is None else LOCK_REPEATS // 2
+        enough = len(t) >= repeats * p and (p == 1 or len(t) >= LOCK_MIN_CALLS)
+        # After a change alarm, the period in force before it is taken back at once (false alarm, e.g.
+        # one slow iteration, or the job's closing barrier).
+        if self._grid is not None and p == self._grid[1]:
+            # Taken back at once only if the iterations after the alarm look like the old template
+            # again; a doubled count of alike micro-batches also first shows the old period.
+            after = np.arange(self._seg + 3 * p, self._end() - p + 1, p, dtype=np.int64)
+            trusted |= len(after) >= 2 and not self._iteration_bad(after, p).any()
+        if enough and not trusted and self._grid is not None:
+            old = self._grid[1]
+            if p < old:
+                # Shorter than before: a doubled count of alike micro-batches shows first as the
+                # micro-batch itself. The blocks of p must look alike within twice the old period (so the
+                # stretch must hold enough repeats of that) and within the old period.
+                z = gap_signal(t)
+                enough = z is not None and all(blocks_differ(z, p, m) is False
+                                               for m in (old, 2 * old) if m % p == 0)
+            elif p != old and p % old == 0:
+                enough = trust_switch(t, p, old)  # a multiple needs the block test to see its blocks differ
+            # The old period again with a different gap profile (a slowdown: a GC pause, a throttled
+            # peer) is a new regime of the same schedule: locked in like any period, so iterations keep
+            # being reported through a fault instead of waiting for the old profile to come back.
+        if enough and not trusted:
+            # Nor may a short multiple of p (2 to 4 times) show blocks of p that differ: then p is a
+            # micro-batch whose once-per-iteration gap the estimate's few repeats did not reveal. Only
+            # with MULTIPLE_REPEATS repeats of the multiple: at the block test's minimum it saw spurious
+            # differences on real jobs.
+            # Never for one call per iteration (gradient all-reduces of a DP-only job may alternate
+            # even/odd), and not past 4 * LOCK_REPEATS repeats: a veto must not hold a period off forever.
+            z = gap_signal(t) if p > 1 and len(t) < 4 * LOCK_REPEATS * p else None
+            enough = z is None or not any(len(z) >= MULTIPLE_REPEATS * k * p and blocks_differ(z, p, k * p) is True
+                                          for k in (2, 3, 4))
+        if not trusted and enough and p != self._cand and len(t) < 4 * LOCK_REPEATS * p:
+            # No earlier estimate to agree with (e.g. a big first read): the first two thirds must agree.
+            # (Not asked of a stretch with 4 times the repeats: a scrape of 10k new records.)
+            k = (2 * len(t)) // 3
+            early = estimate_period(t[:k], None if sym is None else sym[:k], min_repeats=self.min_repeats)
+            trusted = early is not None and early.period == p
+        trusted |= enough and len(t) >= 4 * LOCK_REPEATS * p
+        if not (trusted or (enough and p == self._cand)):
+            self._cand = p
+            self._next_try = self._end() + max(p, len(t) // 3)
+            return False
+        self._cand = p
+        if self._shown is not None and self._shown != p and self._shown_conf < CONFIDENCE_MIN:
+            self._recent.clear()  # iterations of a period not trusted must not enter the new one's mean
+        self._period, self._conf, self._shown, self._shown_conf = p, est.confidence, p, est.confidence
+        anchor = self._phase_anchor(p, est, sym)
+        # Never report an iteration twice, nor one that left the buffer. On an unchanged grid this
+        # lands exactly on the first unreported boundary: reporting goes on without a gap.
+        floor = max([self._base] + [b for b in (self._last_b, self._resume) if b is not None])
+        if anchor < floor:
+            anchor += -(-(floor - anchor) // p) * p
+        self._anchor = anchor
+        self._last_b = anchor
+        self._mark_end = mark_at_end(self._t, self._te, self._base, self._seg, self._anchor, self._period)
+        self._fit_template()
+        return True
+
+    def _phase_anchor(self, p: int, est: PeriodEstimate, sym: IntArray | None) -> int:
+        """Absolute index of a call that begins an iteration of period ``p`` in the current stretch."""
+        return phase_anchor(self._t, self._base, self._seg, p, est.boundaries, sym,
+                            from_origin=self._seg_origin and self.origin, grid=self._grid,
+                            resume=self._resume, last_b=self._last_b)
+
+    def _fit_template(self, upto: int | None = None) -> None:
+        """Fit the gap template of the current period on the current stretch (iterations up to ``upto``)."""
+        self._gaps.fit(self._t, self._base, self._seg, self._anchor, self._period, upto)
+
+    def _iteration_bad(self, starts: IntArray, p: int | None = None) -> npt.NDArray[np.bool_]:
+        """Which iterations of ``p`` calls (default: the current period) starting at ``starts`` do not
+        look like the template (see `GapTemplate.bad`)."""
+        return self._gaps.bad(self._t, self._base, starts, self._period if p is None else p)
+
+    def _emit(self, out_s: list[float], out_t: list[float], *, limit: int | None = None) -> None:
+        """Report the iterations completed since the last report (those ending at or before ``limit``).
+
+        Iteration ``k`` runs from boundary ``B[k]`` to ``B[k+1]``; it is marked on one side of each
+        boundary (see `failslow.period.boundaries.mark_at_end`), so reported durations telescope to the
+        elapsed time.
+        """
+        p = self._period
+        if p is None or self._last_b is None:
+            return
+        end = self._end()
+        last = self._last_b
+        if last < self._base:  # fell out of the buffer (should not happen with sane buffer sizes)
+            last = self._base + ((self._anchor - self._base) % p)
+        b = np.arange(last, end, p, dtype=np.int64)  # boundaries whose first call is here
+        if limit is not None:
+            b = b[b <= limit]
+        restart_at = None
+        if limit is None and len(b) >= 2:
+            # Gap-profile check: two of three consecutive iterations that do not look like the template
+            # mean the schedule changed (with twice the micro-batches of alike calls every other block
+            # of the old length still looks right); restart estimation at the first of them. An
+            # iteration is reported only once the next one looked right too, so the one before a
+            # change (maybe the first half of a longer new iteration) is still unreported then.
+            bad = self._iteration_bad(b[:-1])
+            nb = len(bad)
+            # Not from the first iteration of the stretch: a restart there re-estimates the same calls,
+            # finds the same period and the same unlike first iterations, and so on forever (a last
+            # stage whose start-up iterations were 10x slower on a loaded machine never reported one).
+            # Unlike first iterations are a start-up transient; the blip rule below reports them.
+            two = [k for k in range(nb) if bad[k] and (bad[k + 1:k + 3].any()) and b[k] > self._anchor]
+            if two:
+                restart_at = int(b[two[0]])
+                b = b[: max(two[0] - 1, 0) + 1]
+            else:
+                # An iteration waits while it, or one of its next two (whose bad start would make it the
+                # first half of a new iteration), is bad and not yet known to be a blip.
+                n_ok = 0
+                while n_ok + 1 < nb and not ((bad[n_ok] and n_ok + 2 >= nb) or
+                                             (bad[n_ok + 1:n_ok + 3].any() and n_ok + 3 >= nb)):
+                    n_ok += 1
+                b = b[: n_ok + 1]
+        b, c = iteration_marks(self._t, self._te, self._base, b, p, self._mark_end)
+        if c is not None:
+            d = np.diff(c)
+            ends = c[1:]
+            out_s.extend(float(x) for x in d)
+            out_t.extend(float(x) for x in ends)
+            self._recent.extend(float(x) for x in d)
+            self._total += len(d)
+            self._last_end = float(ends[-1])
+            self._last_b = int(b[-1])
+        if restart_at is not None:
+            self._restart(restart_at)
+            self._changed_by_gaps = True
+
+    def _verdict(self, changed: bool, s: list[float], t: list[float]) -> PeriodVerdict:
+        return PeriodVerdict(
+            period=self._shown, changed=changed,
+            iteration_s=np.asarray(s, dtype=np.float64), iteration_end_t=np.asarray(t, dtype=np.float64),
+            iterations_total=self._total,
+            mean_iteration_s=float(np.mean(self._recent)) if self._recent else None,
+            last_iteration_end_t=self._last_end, confidence=self._shown_conf if self._shown is not None else 0.0)
