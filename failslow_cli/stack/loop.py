@@ -214,7 +214,8 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
     """Start everything, inject `fault` (one spec or several) after `warmup_s` of training for `fault_s` (a spec
     with its own ``at=`` or ``start_iter=`` keeps its schedule), with `spare_nodes` idle nodes, run until
     `stop_when(state)`
-    (checked every second; default: the remediator closed the job's event after the fault ended) or `max_s`.
+    (checked every second; default: the remediator closed the job's event after the fault ended and put the
+    job's own split back, or 60 s passed since the close) or `max_s`.
 
     `on_tick(state)` is called every second (the demo's live view).
     """
@@ -294,9 +295,20 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
         poller.start()
         stack.callback(stop.set)
 
+        default = [micro_batches] * dp
+
         def done(s: LoopState) -> bool:
+            """The event closed after the fault ended, and the job's own split is back: the remediator restores
+            it before the event closes or, when the pace came back first, just after (up to 60 s waited)."""
             ev = s.event
-            return s.fault_end is not None and ev is not None and ev.get("state") == "closed"
+            if s.fault_end is None or ev is None or ev.get("state") != "closed":
+                return False
+            with s.lock:
+                splits = sorted((a for a in s.actions if a.get("job") == s.job and a.get("strategy") == "rebalance"
+                                 and a.get("state") == "succeeded" and not a.get("dry_run")),
+                                key=lambda a: float(a.get("ended_at") or 0.0))
+            back = not splits or list((splits[-1].get("params") or {}).get("counts") or []) == default
+            return back or time.time() > float(ev.get("closed_at") or 0.0) + 60.0
 
         cond = stop_when or done
         deadline = time.monotonic() + max_s
