@@ -25,7 +25,7 @@ from exporter.collectors.ring import RingCollector
 from failslow.errors import InputError
 from failslow.period import encode_symbols, estimate_period, gap_signal
 from failslow.period import synth as ps
-from failslow.ring import Flag, RingReader, RingWriter, find_rings
+from failslow.record import Flag, RingReader, RingWriter, find_rings
 
 TITLE = "Exporter: scrape time, ACF inference, memory, accuracy against the trainer"
 REPO = Path(__file__).resolve().parent.parent
@@ -120,7 +120,7 @@ def bench_scrape(tmp: Path) -> list[str]:
 
 _PRODUCER = textwrap.dedent("""\
     import sys, time
-    from failslow.ring import RingWriter, Op, Flag
+    from failslow.record import RingWriter, Op, Flag
     d, rank = sys.argv[1], int(sys.argv[2])
     w = RingWriter.create(directory=d, job="rss", rank=rank, world_size=8, layout={"dp": 8, "pp": 1, "tp": 1})
     print("ready", flush=True)

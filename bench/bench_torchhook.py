@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-TITLE = "torch.distributed hook overhead (failslow/torchhook.py)"
+TITLE = "torch.distributed hook overhead (failslow/record/torchhook.py)"
 WS = 2
 BLOCKS = 10
 CALLS = 200
@@ -28,7 +28,7 @@ def _worker() -> None:
     import torch
     import torch.distributed as dist
 
-    import failslow.torchhook as th
+    import failslow.record.torchhook as th
 
     rank = int(os.environ["RANK"])
     th.install(directory=os.environ["RINGDIR"])

@@ -26,7 +26,7 @@ import numpy as np
 
 from exporter.collectors.ring import replay_ring
 from failslow.errors import InputError
-from failslow.ring import find_rings
+from failslow.record import find_rings
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 from failslow.errors import InputError
-from failslow.ring import dump_ring, find_rings, read_header, ring_dir
+from failslow.record import dump_ring, find_rings, read_header, ring_dir
 
 _PID = re.compile(r"failslow-(\d+)")
 

@@ -28,7 +28,7 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--micro-batches", type=int, default=4, help="micro-batches per iteration per DP replica")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--job", default="testbed", help="job name (FAILSLOW_JOB, ring headers, report)")
-    p.add_argument("--torch-hook", action="store_true", help="ranks install failslow.torchhook (rings)")
+    p.add_argument("--torch-hook", action="store_true", help="ranks install failslow.record.torchhook (rings)")
     p.add_argument("--ring-dir", default=None, help="FAILSLOW_SHM_DIR for the ranks' rings (default /dev/shm)")
     p.add_argument("--loopback", action="store_true", help="no namespaces even as root (no link faults)")
     p.add_argument("--placement", default=None,

@@ -126,11 +126,11 @@ class Rank:
             torch.set_num_interop_threads(1)
         torch.manual_seed(self.cfg["seed"])
         if self.cfg.get("torch_hook"):
-            from failslow import torchhook  # imported only when asked
+            from failslow.record import torchhook  # imported only when asked
 
             torchhook.install(job=self.cfg["job"], rank=self.rank, layout=self.layout)
         elif os.environ.get("FAILSLOW_TORCH_HOOK"):
-            from failslow import torchhook
+            from failslow.record import torchhook
 
             torchhook.install_from_env()
         dist.init_process_group("gloo", rank=self.rank, world_size=self.layout.world_size,
@@ -424,9 +424,9 @@ def main(argv: list[str]) -> int:
     """Entry point: ``python -m testbed.worker RUN_DIR RANK``."""
     run_dir, rank = Path(argv[0]), int(argv[1])
     Rank(run_dir, rank).run()
-    if "failslow.torchhook" in sys.modules:
+    if "failslow.record.torchhook" in sys.modules:
         # os._exit skips the hook's atexit handler: close the ring the way it would
-        from failslow import torchhook
+        from failslow.record import torchhook
 
         keep = os.environ.get("FAILSLOW_KEEP_RINGS", "").strip() not in ("", "0")
         torchhook.uninstall(unlink=not keep)

@@ -325,9 +325,9 @@ def test_dockerfile() -> None:
 
 def test_dockerignore_keeps_state_and_secrets_out() -> None:
     for path in (".venv/bin/python", ".git/config", "deploy/compose/secrets/remediator.token", "shim/build/x.so",
-                 "failslow/__pycache__/ring.cpython-311.pyc", "failslow.egg-info/PKG-INFO", "tests/conftest.py"):
+                 "failslow/record/__pycache__/reader.cpython-311.pyc", "failslow.egg-info/PKG-INFO", "tests/conftest.py"):
         assert dockerignored(path), f"{path} would enter the build context"
-    for path in ("pyproject.toml", "README.md", "failslow/ring.py", "remediator/adapters/command.py"):
+    for path in ("pyproject.toml", "README.md", "failslow/record/reader.py", "remediator/adapters/command.py"):
         assert not dockerignored(path), f"{path} is needed by the build"
 
 

@@ -34,7 +34,7 @@ from exporter.collector import family
 from exporter.settings import Settings
 from failslow.errors import InputError
 from failslow.period import CONFIDENCE_MIN, PeriodTracker
-from failslow.ring import CALL_OPS, OP_NAMES, Flag, Op, RingHeader, RingReader, find_rings, process_alive
+from failslow.record import CALL_OPS, OP_NAMES, Flag, Op, RingHeader, RingReader, find_rings, process_alive
 from failslow.topology import Coords, Layout, ObservedComm, group_kind, infer_layout
 
 log = logging.getLogger("failslow.exporter.ring")

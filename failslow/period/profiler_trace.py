@@ -5,7 +5,7 @@ A trace of one rank holds its communication calls in one of several forms; the f
 1. ``gpu``: NCCL kernels on the GPU timeline (``cat`` "kernel", names such as
    ``ncclDevKernel_AllReduce_Sum_f32_RING_LL(...)`` or ``ncclKernel_...``): when each collective ran.
 2. ``c10d``: the CPU-side ``c10d::`` operators (``c10d::allreduce_``, ``c10d::send``, ...): when the trainer
-   issued each call (what `failslow.torchhook` records).
+   issued each call (what `failslow.record.torchhook` records).
 3. ``record_param_comms``: the CPU-side communication records, named by their ``Collective name`` arg.
 4. ``backend``: the backends' own annotations (``gloo:all_reduce``, ``nccl:all_reduce``, ...).
 

@@ -15,7 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from failslow.errors import InputError
-from failslow.ring import Op
+from failslow.record import Op
 
 ALLREDUCE, SEND, RECV = int(Op.ALLREDUCE), int(Op.SEND), int(Op.RECV)
 

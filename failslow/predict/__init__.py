@@ -1,8 +1,8 @@
 """Throughput prediction for data-parallel training from a single-worker profile.
 
-Coarse models (`coarse`, with `mva`), a fine-grained discrete-event simulation (`des`), the profile
-format (`profile`) and one entry point (`api.predict`). Based on Li, Paolieri & Golubchik, "Predicting
-Throughput of Distributed Stochastic Gradient Descent", IEEE TPDS 2022; see docs/predict.md.
+Coarse models (`coarse`, with `mva`), a fine-grained discrete-event simulation (`des`, on `engine`), the
+profile format (`profile`) and one entry point (`api.predict`). Based on Li, Paolieri & Golubchik,
+"Predicting Throughput of Distributed Stochastic Gradient Descent", IEEE TPDS 2022; see docs/predict.md.
 """
 
 from failslow.predict.api import Prediction, predict

@@ -18,282 +18,48 @@ asynchronous (PS Async-SGD: the server applies each gradient as it comes and sen
 parameters). Every worker-step draws one profiled step (per-layer forward/backward times) at random
 with a seeded generator, so variance — and the max over K workers at a barrier — is carried through.
 Each worker sends its messages in layer order over one connection (one in flight per worker).
+
+The event loop and the resources (processors, links, the ring) are in `engine`; this module wires
+them into each worker's step DAG for the three architectures and measures the throughput (`simulate`).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-import numpy.typing as npt
 
 from failslow.errors import InputError
+from failslow.predict.engine import (
+    FcfsLink,
+    Fifo,
+    FloatArray,
+    PsLink,
+    Ring,
+    Sim,
+    TcpLink,
+    fan_completion,
+    fit_sharing_sigma,
+    weighted_share,
+)
 from failslow.predict.profile import Profile
 
-FloatArray = npt.NDArray[np.float64]
+# fan_completion, fit_sharing_sigma and weighted_share live in `engine`; importers know them from here.
+__all__ = [
+    "Arch",
+    "Sharing",
+    "SimResult",
+    "fan_completion",
+    "fit_sharing_sigma",
+    "simulate",
+    "weighted_share",
+]
+
 Sharing = Literal["fcfs", "ps", "tcp"]
 Arch = Literal["ring", "ps-sync", "ps-async"]
-
-Callback = Callable[[Any], None]
-
-
-class _Sim:
-    """The event loop: a heap of (time, sequence, callback, argument)."""
-
-    __slots__ = ("events", "heap", "now", "seq")
-
-    def __init__(self) -> None:
-        self.now = 0.0
-        self.heap: list[tuple[float, int, Callback, Any]] = []
-        self.seq = 0
-        self.events = 0
-
-    def after(self, delay: float, fn: Callback, arg: Any = None) -> None:
-        self.seq += 1
-        heapq.heappush(self.heap, (self.now + delay, self.seq, fn, arg))
-
-    def run(self) -> None:
-        heap = self.heap
-        pop = heapq.heappop
-        while heap:
-            t, _, fn, arg = pop(heap)
-            self.now = t
-            self.events += 1
-            fn(arg)
-
-
-class _Fifo:
-    """A resource serving one operation at a time, in arrival order."""
-
-    __slots__ = ("busy", "queue", "sim")
-
-    def __init__(self, sim: _Sim) -> None:
-        self.sim = sim
-        self.queue: deque[tuple[float, Callback, Any]] = deque()
-        self.busy = False
-
-    def submit(self, duration: float, cb: Callback, arg: Any = None) -> None:
-        if self.busy:
-            self.queue.append((duration, cb, arg))
-        else:
-            self.busy = True
-            self.sim.after(duration, self._done, (cb, arg))
-
-    def _done(self, x: tuple[Callback, Any]) -> None:
-        if self.queue:
-            dur, cb2, arg2 = self.queue.popleft()
-            self.sim.after(dur, self._done, (cb2, arg2))
-        else:
-            self.busy = False
-        x[0](x[1])
-
-
-class _FcfsLink:
-    """A link that sends whole messages one after another at min(rate, flow cap), then a latency."""
-
-    __slots__ = ("cap", "fifo", "latency", "rate", "sim")
-
-    def __init__(self, sim: _Sim, rate: float, flow_cap: float, latency: float) -> None:
-        self.sim = sim
-        self.fifo = _Fifo(sim)
-        self.rate = min(rate, flow_cap)
-        self.latency = latency
-        self.cap = flow_cap
-
-    def send(self, nbytes: float, cb: Callback, arg: Any = None) -> None:
-        self.fifo.submit(nbytes / self.rate, self._sent, (cb, arg))
-
-    def _sent(self, x: tuple[Callback, Any]) -> None:
-        self.sim.after(self.latency, x[0], x[1])
-
-
-class _PsLink:
-    """A processor-sharing link: active flows split the rate (water-filling under a per-flow cap)."""
-
-    __slots__ = ("cap", "flows", "last", "latency", "rate", "sim", "token")
-
-    def __init__(self, sim: _Sim, rate: float, flow_cap: float, latency: float) -> None:
-        self.sim = sim
-        self.rate = rate
-        self.cap = flow_cap
-        self.latency = latency
-        # each flow: [remaining bytes, current rate, callback, argument]
-        self.flows: list[list[Any]] = []
-        self.last = 0.0
-        self.token = 0
-
-    def send(self, nbytes: float, cb: Callback, arg: Any = None) -> None:
-        self._advance()
-        self.flows.append([float(nbytes), 0.0, cb, arg])
-        self._reschedule()
-
-    def _advance(self) -> None:
-        dt = self.sim.now - self.last
-        if dt > 0:
-            for f in self.flows:
-                f[0] -= f[1] * dt
-        self.last = self.sim.now
-
-    def _reschedule(self) -> None:
-        n = len(self.flows)
-        if n == 0:
-            return
-        # Equal caps, so water-filling reduces to min(cap, rate / n).
-        r = min(self.cap, self.rate / n)
-        nxt = float("inf")
-        for f in self.flows:
-            f[1] = r
-            nxt = min(nxt, f[0] / r)
-        self.token += 1
-        self.sim.after(max(nxt, 0.0), self._complete, self.token)
-
-    def _complete(self, token: int) -> None:
-        if token != self.token:
-            return  # a newer arrival or completion rescheduled the link
-        self._advance()
-        done = [f for f in self.flows if f[0] <= 1e-9 * max(1.0, f[1])]
-        self.flows = [f for f in self.flows if f[0] > 1e-9 * max(1.0, f[1])]
-        self._reschedule()
-        for f in done:
-            self.sim.after(self.latency, f[2], f[3])
-
-
-class _TcpLink(_PsLink):
-    """Weighted processor sharing with a random weight per transfer: how TCP flows really share a link.
-
-    K flows through one shaped link do not get exactly 1/K each: some grab more (window and timing
-    luck) and finish early, the others take the rest — flows end in some order instead of all at once.
-    Each transfer draws a weight w = exp(σ·z), z ~ N(0, 1); active flows split the rate in proportion
-    to their weights (water-filling under the per-flow cap). σ = 0 is plain processor sharing, large σ
-    approaches one-at-a-time (FCFS in random order). σ is a property of the link, fitted from a
-    separate fan-out/fan-in microbenchmark (`fit_sharing_sigma`), never from the throughput sweep.
-    """
-
-    __slots__ = ("rng", "sigma")
-
-    def __init__(self, sim: _Sim, rate: float, flow_cap: float, latency: float, sigma: float,
-                 rng: np.random.Generator) -> None:
-        super().__init__(sim, rate, flow_cap, latency)
-        self.sigma = sigma
-        self.rng = rng
-
-    def send(self, nbytes: float, cb: Callback, arg: Any = None) -> None:
-        self._advance()
-        self.flows.append([float(nbytes), 0.0, cb, arg, float(np.exp(self.sigma * self.rng.standard_normal()))])
-        self._reschedule()
-
-    def _reschedule(self) -> None:
-        if not self.flows:
-            return
-        rates = weighted_share([f[4] for f in self.flows], self.rate, self.cap)
-        nxt = float("inf")
-        for f, r in zip(self.flows, rates, strict=True):
-            f[1] = r
-            if r > 0:  # a flow with a negligible weight waits until the others are done
-                nxt = min(nxt, f[0] / r)
-        self.token += 1
-        self.sim.after(max(nxt, 0.0), self._complete, self.token)
-
-
-def weighted_share(weights: Sequence[float], rate: float, cap: float) -> list[float]:
-    """Rates of flows sharing `rate` in proportion to `weights`, none above `cap` (water-filling)."""
-    order = sorted(range(len(weights)), key=lambda i: -weights[i])
-    left_rate = rate
-    left_w = float(sum(weights))
-    out = [0.0] * len(weights)
-    for i in order:  # the heaviest flows hit the cap first; what they cannot use goes to the rest
-        r = max(0.0, min(cap, left_rate * weights[i] / left_w)) if left_w > 0 else 0.0
-        out[i] = r
-        left_rate -= r
-        left_w -= weights[i]
-    return out
-
-
-def fan_completion(k: int, sigma: float, *, rounds: int = 400, seed: int = 0) -> FloatArray:
-    """Expected sorted completion times of K equal transfers started together on a `_TcpLink`.
-
-    In units of one transfer alone (size / rate); per-flow cap = the link rate. Processor sharing
-    (σ = 0) gives K for every flow, one-at-a-time gives 1, 2, …, K.
-    """
-    rng = np.random.default_rng(seed)
-    out = np.zeros(k)
-    for _ in range(rounds):
-        w = np.exp(sigma * rng.standard_normal(k))
-        left = np.ones(k)
-        active = list(range(k))
-        t = 0.0
-        done = []
-        while active:
-            rates = weighted_share([float(w[i]) for i in active], 1.0, 1.0)
-            dt = min(left[i] / r for i, r in zip(active, rates, strict=True) if r > 0)
-            t += dt
-            for i, r in zip(active, rates, strict=True):
-                left[i] -= r * dt
-            finished = [i for i in active if left[i] <= 1e-9]
-            done += [t] * len(finished)
-            active = [i for i in active if left[i] > 1e-9]
-        out += np.sort(done)
-    return out / rounds
-
-
-def fit_sharing_sigma(completions: dict[int, Sequence[float]], *, grid: Sequence[float] | None = None) -> float:
-    """σ of `_TcpLink` that best reproduces measured fan-out (or fan-in) completion times.
-
-    Args:
-        completions: K → sorted completion times of K simultaneous equal transfers, in units of one
-            transfer alone (from the network microbenchmark).
-        grid: candidate σ values (default 0 … 3 in steps of 0.05).
-
-    Returns:
-        the σ minimising the squared error of the normalised completion curves over all K ≥ 2.
-    """
-    cands = np.arange(0.0, 3.0001, 0.05) if grid is None else np.asarray(grid, dtype=np.float64)
-    use = {k: np.asarray(v, dtype=np.float64) for k, v in completions.items() if k >= 2}
-    if not use:
-        return 0.0
-    best, best_err = 0.0, float("inf")
-    for sg in cands:
-        err = 0.0
-        for k, v in use.items():
-            # Compare shapes (completion / last completion): absolute times also carry the link's
-            # efficiency and latency, which the profile's point-to-point fit already accounts for.
-            model = fan_completion(k, float(sg), rounds=100)
-            err += float(np.mean((model / model[-1] - v / v[-1]) ** 2))
-        if err < best_err:
-            best, best_err = float(sg), err
-    return best
-
-
-class _Ring:
-    """Ring all-reduce: one bucket at a time round the ring, each once every worker has produced it."""
-
-    __slots__ = ("arrived", "bw", "fifo", "k", "latency", "waiting")
-
-    def __init__(self, sim: _Sim, k: int, bw: float, latency: float) -> None:
-        self.fifo = _Fifo(sim)
-        self.k = k
-        self.bw = bw
-        self.latency = latency
-        self.arrived: dict[Any, int] = {}
-        self.waiting: dict[Any, list[tuple[Callback, Any]]] = {}
-
-    def submit(self, key: Any, nbytes: float, cb: Callback, arg: Any = None) -> None:
-        n = self.arrived.get(key, 0) + 1
-        self.arrived[key] = n
-        self.waiting.setdefault(key, []).append((cb, arg))
-        if n == self.k:
-            k = self.k
-            dur = 0.0 if k == 1 else 2 * (k - 1) * (nbytes / (k * self.bw) + self.latency)
-            self.fifo.submit(dur, self._done, key)
-
-    def _done(self, key: Any) -> None:
-        del self.arrived[key]
-        for cb, arg in self.waiting.pop(key):
-            cb(arg)
 
 
 @dataclass(frozen=True)
@@ -311,7 +77,7 @@ class _Worker:
     __slots__ = ("arrived", "bwd", "computing", "cpu", "fwd", "fwd_next", "grads_out", "index", "reduced",
                  "send_q", "sending", "step", "up_done")
 
-    def __init__(self, index: int, cpu: _Fifo) -> None:
+    def __init__(self, index: int, cpu: Fifo) -> None:
         self.index = index
         self.cpu = cpu
         self.step = -1
@@ -337,22 +103,22 @@ class _Job:
         self.arch = arch
         self.steps = steps
         self.overlap = overlap
-        self.sim = _Sim()
+        self.sim = Sim()
         bw = p.effective_bandwidth
         cap = bw if flow_cap is None else flow_cap
         if sharing == "tcp":
             # Own generator for the flow weights, so the compute draws below stay those of the seed.
             link_rng = np.random.default_rng(rng.bit_generator.seed_seq.spawn(1)[0])  # type: ignore[attr-defined]
-            self.down: _PsLink | _FcfsLink = _TcpLink(self.sim, bw, cap, p.latency_s, p.share_sigma_down or 0.0,
-                                                      link_rng)
-            self.up: _PsLink | _FcfsLink = _TcpLink(self.sim, bw, cap, p.latency_s, p.share_sigma_up or 0.0, link_rng)
+            self.down: PsLink | FcfsLink = TcpLink(self.sim, bw, cap, p.latency_s, p.share_sigma_down or 0.0,
+                                                   link_rng)
+            self.up: PsLink | FcfsLink = TcpLink(self.sim, bw, cap, p.latency_s, p.share_sigma_up or 0.0, link_rng)
         else:
-            link_cls = _PsLink if sharing == "ps" else _FcfsLink
+            link_cls = PsLink if sharing == "ps" else FcfsLink
             self.down = link_cls(self.sim, bw, cap, p.latency_s)
             self.up = link_cls(self.sim, bw, cap, p.latency_s)
-        self.ring = _Ring(self.sim, k, min(p.ring_bandwidth, cap), p.ring_hop_latency)
-        self.server = _Fifo(self.sim)
-        self.workers = [_Worker(i, _Fifo(self.sim)) for i in range(k)]
+        self.ring = Ring(self.sim, k, min(p.ring_bandwidth, cap), p.ring_hop_latency)
+        self.server = Fifo(self.sim)
+        self.workers = [_Worker(i, Fifo(self.sim)) for i in range(k)]
         self.slowdown = slowdown
         sf, sb = p.step_samples()
         self.sf, self.sb = sf, sb

@@ -1,8 +1,9 @@
 /*
  * failslow_ring.h — the record contract: one per-process ring of fixed-size call records in shared memory.
  *
- * This header is the single source of truth for the byte layout. The Python mirror (failslow/ring.py) is
- * tested against it (sizes and offsets of every field, and a ring written by C decoded by Python).
+ * This header is the single source of truth for the byte layout. The Python mirror
+ * (failslow/record/layout.py) is tested against it (sizes and offsets of every field, and a ring written by
+ * C decoded by Python).
  *
  * File: $FAILSLOW_SHM_DIR/failslow-<pid>.ring (default directory /dev/shm), FAILSLOW_RING_HEADER_SIZE bytes of
  * header followed by `capacity` records of FAILSLOW_RECORD_SIZE bytes. capacity is a power of two.

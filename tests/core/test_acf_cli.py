@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from failslow.period import synth as ps
-from failslow.ring import OP_NAMES, RingWriter
+from failslow.record import OP_NAMES, RingWriter
 
 
 def _run(cmd: list[str], *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -1,7 +1,7 @@
 """Culprit analysis and detection on the REAL testbed: torch.distributed (gloo) DP2 x PP2, one rank per
 network namespace, a cgroup CPU fault on one rank, a tc link fault on one node, then a pipeline-stage
 imbalance (every DP rank of one stage computes twice as long), recorded by the torch hook into per-process
-rings and read back with failslow.ring.
+rings and read back with failslow.record.
 
 Ground truth comes from the testbed's injection log (the report's fault episodes). The analysis must name
 the starved rank for the CPU fault, the throttled node for the link fault and the slow stage (its ranks)

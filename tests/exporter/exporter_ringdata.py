@@ -6,7 +6,8 @@ import struct
 from pathlib import Path
 
 from failslow.period import synth as ps
-from failslow.ring import _HDR, Flag, Op, RingWriter
+from failslow.record import Flag, Op, RingWriter
+from failslow.record.layout import _HDR
 
 CLOCK_OFFSET_NS = 1_700_000_000_000_000_000  # fixed wall-clock offset so the golden output is stable
 CREATED_NS = 5_000_000_000

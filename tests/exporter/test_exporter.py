@@ -150,7 +150,7 @@ def test_textfile_bad_file_is_skipped_and_reported(tmp_path: Path) -> None:
 
 _PRODUCER = textwrap.dedent("""\
     import sys, time
-    from failslow.ring import RingWriter, Op, Flag
+    from failslow.record import RingWriter, Op, Flag
     d, rank = sys.argv[1], int(sys.argv[2])
     w = RingWriter.create(directory=d, job="live", rank=rank, world_size=2, layout={"dp": 2, "pp": 1, "tp": 1})
     print("ready", flush=True)
@@ -321,7 +321,7 @@ def generate_latest_of(collector: RingCollector) -> list[bytes]:
 def test_ring_overflow_is_counted_and_iterations_resume(tmp_path: Path) -> None:
     """A producer that laps the exporter: lost records are counted and the tracker restarts at the hole."""
     from failslow.period import synth as ps
-    from failslow.ring import Flag, RingWriter
+    from failslow.record import Flag, RingWriter
 
     tr = ps.generate([ps.dp_buckets(3)], [400], seed=5)  # 1600 calls
     w = RingWriter.create(directory=tmp_path, job="ovf", rank=0, world_size=2, layout={"dp": 2, "pp": 1, "tp": 1},

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from failslow.ring import process_alive
+from failslow.record import process_alive
 from remediator.adapters import build
 from remediator.adapters.base import ActionRequest, AdapterError, ConfigError, TrainingAdapter
 from remediator.adapters.command import Adapter, as_text, outcome_from_answer, parse_answer, parse_info

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from failslow.ring import OP_NAMES, Control, Flag, Op, RingReader
+from failslow.record import OP_NAMES, Control, Flag, Op, RingReader
 
 REPO = Path(__file__).resolve().parents[2]
 BUILD = REPO / "shim" / "build"

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-import failslow.torchhook as th
+import failslow.record.torchhook as th
 
 
 def _opt_in_checks() -> dict[str, object]:

@@ -1,45 +1,21 @@
-"""torch.distributed hook: writes one ring record per collective / point-to-point call, for any backend.
+"""The call wrappers of the torch.distributed hook: one ring record per collective / p2p call.
 
-This is the framework-level tracking path (gloo on CPU here, NCCL on GPUs): it wraps the Python
-functions of ``torch.distributed`` (all_reduce, all_gather(_single/_into_tensor), reduce_scatter(_single/
-_tensor), broadcast, reduce, all_to_all(_single), gather, scatter, send, recv, isend, irecv,
-batch_isend_irecv, barrier, monitored_barrier, the coalesced variants) and writes records of the shared
-ring format (`failslow.ring`) with host start/end times and a stable communicator id per process group.
-
-Install it with one call, ``failslow.torchhook.install()``, or set ``FAILSLOW_TORCH_HOOK=1`` and call
-``failslow.torchhook.install_from_env()`` at the top of the training script. torch is imported lazily:
-importing this module does not import torch.
-
-What "end" means (``record.t_end_ns``):
-  * synchronous calls: when the Python call returned. With gloo that is when the collective finished on
-    this rank; with NCCL it is only when the work was enqueued on the GPU stream (use the C shim's GPU
-    timing for kernel times).
-  * ``async_op=True`` work: when completion was observed. Collectives whose work has a future (gloo
-    all_reduce, broadcast, ...) get the future's completion callback — the real completion time on the
-    host. Work without a future (gloo send/recv) is handed back wrapped; its end is the first
-    ``wait()`` return or ``is_completed()`` that returned True (flag ``END_AT_WAIT``: an upper bound).
-    The record is committed only then, so it keeps its place in issue order.
-
-Limits: calls made from C++ (DDP's reducer, torch.compile'd functional collectives) never pass through
-Python and are not seen — use the NCCL shim for those. Names bound before `install` (``from
-torch.distributed import all_reduce``, ``P2POp(isend, ...)`` built earlier) keep the unwrapped function.
-Nested calls (``send`` calling ``isend``, object collectives calling tensor collectives) are recorded
-once, at the outermost call the user made.
+`_make_wrapper` wraps one torch.distributed function (sync and async calls, SUSPEND, errors);
+`_make_batch_wrapper` wraps ``batch_isend_irecv`` (one record per op); async work is committed at its
+completion (`_track_completion`: the work's future, else a `TracedWork` handle that notes ``wait()``).
+Installed by `failslow.record.torchhook`; torch is imported only when a wrapper is built or called.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Final
 
-from failslow import ring
-from failslow.errors import InputError
-from failslow.ring import Control, Flag, Op, RingWriter
+from failslow.record.layout import DTYPE_UNKNOWN, Control, Flag, Op
+from failslow.record.torchcomm import _Hook
+from failslow.record.writer import RingWriter
 
 # name -> (op, name of the tensor argument that gives count/bytes, root/peer parameter (global, group))
 _SPECS: Final[dict[str, tuple[Op, str, tuple[str, str] | None]]] = {
@@ -81,138 +57,22 @@ _DTYPE_CACHE: dict[Any, int] = {}  # torch.dtype -> code, filled on first sight 
 _DEFAULT_SUSPEND_TIMEOUT_MS: Final[int] = 30_000
 
 
-@dataclass(frozen=True)
-class CommInfo:
-    """What the hook knows about one process group."""
-
-    comm: int  # stable id, identical on every member rank
-    nranks: int
-    comm_rank: int
-    global_to_group: Mapping[int, int]
-
-
-def comm_id(group_name: str, ranks: list[int] | tuple[int, ...]) -> int:
-    """Stable 64-bit communicator id of a process group, the same on every member.
-
-    torch names groups in creation order (every rank calls ``new_group`` in the same order, so the
-    ``group_name`` agrees) or by a hash of their ranks; adding the sorted global ranks keeps two
-    groups apart even if a backend reuses names.
-    """
-    key = f"torch|{group_name}|{','.join(str(r) for r in sorted(ranks))}".encode()
-    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
-
-
-class _Hook:
-    """State of the installed hook: originals, the ring writer, per-group facts."""
-
-    def __init__(self, job: str | None, rank: int | None, layout: Any, directory: str | None,
-                 capacity: int) -> None:
-        self.job = job
-        self.rank = rank
-        self.layout = layout
-        self.directory = directory
-        self.capacity = capacity
-        self.originals: dict[tuple[Any, str], Any] = {}
-        self.writer: RingWriter | None = None
-        self.writer_pid = 0
-        self.writer_ok = False  # writer is this process's and usable; reset in forked children
-        self.lock = threading.Lock()
-        self.comms: dict[Any, CommInfo] = {}
-        self.tls = threading.local()
-        from torch.distributed import distributed_c10d
-
-        self.c10d = distributed_c10d
-
-    # -- ring ---------------------------------------------------------------------------------------
-    def get_writer(self) -> RingWriter | None:
-        """This process's ring writer, created at the first call; None if the ring cannot be made."""
-        pid = os.getpid()
-        if self.writer_pid == pid:
-            return self.writer
-        with self.lock:
-            if self.writer_pid == pid:
-                return self.writer
-            import torch.distributed as dist
-
-            rank, ws = self.rank, None
-            if dist.is_available() and dist.is_initialized():
-                rank = dist.get_rank() if rank is None else rank
-                ws = dist.get_world_size()
-            pid = os.getpid()
-            # the C shim owns failslow-<pid>.ring; never share a ring with it
-            tag = "torch" if _shim_ring_exists(pid, self.directory) else ""
-            try:
-                self.writer = RingWriter.create(directory=self.directory, job=self.job, rank=rank,
-                                                world_size=ws, layout=self.layout, capacity=self.capacity,
-                                                producer=ring.Producer.TORCH, tag=tag)
-            except Exception:  # tracking must never break training: give up recording in this process
-                self.writer = None
-            self.writer_pid = pid
-            self.writer_ok = self.writer is not None
-            return self.writer
-
-    def after_fork_in_child(self) -> None:
-        # the parent's ring belongs to the parent: the child makes its own at its first call
-        self.writer = None
-        self.writer_ok = False
-        self.writer_pid = 0
-
-    # -- groups -------------------------------------------------------------------------------------
-    def comm_info(self, group: Any) -> CommInfo | None:
-        if group is None:
-            pg = self.c10d._world._default_pg
-            if pg is None:
-                return None
-        else:
-            pg = group
-        info = self.comms.get(pg)
-        if info is not None:
-            return info
-        import torch.distributed as dist
-
-        c10d = self.c10d
-
-        if pg == c10d.GroupMember.NON_GROUP_MEMBER:
-            return None
-        ranks = list(dist.get_process_group_ranks(pg))
-        name = str(getattr(pg, "group_name", "") or c10d._world.pg_names.get(pg, ""))
-        info = CommInfo(comm=comm_id(name, ranks), nranks=int(pg.size()), comm_rank=int(pg.rank()),
-                        global_to_group={g: i for i, g in enumerate(ranks)})
-        self.comms[pg] = info
-        return info
-
-
-_hook: _Hook | None = None
-_install_lock = threading.Lock()
-
-
-def _shim_ring_exists(pid: int, directory: str | None) -> bool:
-    # the shim creates its ring at the first NCCL call, which may come after ours: LD_PRELOAD tells us early
-    if "failslow_shim" in os.environ.get("LD_PRELOAD", ""):
-        return True
-    p = ring.ring_path(pid, directory)
-    try:
-        return ring.read_header(p).producer == ring.Producer.SHIM
-    except Exception:
-        return False
-
-
 def _numel_bytes(x: Any) -> tuple[int, int, int]:
     """(elements, bytes, nccl dtype) of a tensor or a (nested) list of tensors."""
     if x is None:
-        return 0, 0, ring.DTYPE_UNKNOWN
+        return 0, 0, DTYPE_UNKNOWN
     if isinstance(x, list | tuple):
         n = b = 0
-        dt = ring.DTYPE_UNKNOWN
+        dt = DTYPE_UNKNOWN
         for t in x:
             n1, b1, dt1 = _numel_bytes(t)
             n, b = n + n1, b + b1
-            dt = dt1 if dt == ring.DTYPE_UNKNOWN else dt
+            dt = dt1 if dt == DTYPE_UNKNOWN else dt
         return n, b, dt
     dt = x.dtype
     code = _DTYPE_CACHE.get(dt)
     if code is None:
-        code = _DTYPE_CACHE[dt] = _DTYPES.get(str(dt), ring.DTYPE_UNKNOWN)
+        code = _DTYPE_CACHE[dt] = _DTYPES.get(str(dt), DTYPE_UNKNOWN)
     return x.numel(), x.nbytes, code
 
 
@@ -552,108 +412,3 @@ def _dist_mod() -> Any:
     import torch.distributed as dist
 
     return dist
-
-
-def install(job: str | None = None, rank: int | None = None, layout: Any = None, *,
-            directory: str | None = None, capacity: int = ring.DEFAULT_CAPACITY) -> None:
-    """Wrap torch.distributed's collectives and p2p calls so each writes a ring record (idempotent).
-
-    Args:
-        job: Job id for the ring header (default: from the environment, see `failslow.ring.env_identity`).
-        rank: Global rank (default: ``torch.distributed.get_rank()`` at the first call, else ``RANK``).
-        layout: Parallel layout (a `failslow.topology.Layout` or a mapping with tp/pp/dp/cp) for the header.
-        directory: Ring directory (default ``$FAILSLOW_SHM_DIR`` or ``/dev/shm``).
-        capacity: Records in the ring (power of two).
-    """
-    global _hook
-    with _install_lock:
-        if _hook is not None:
-            return
-        ring._check_capacity(capacity)
-        if layout is not None:
-            ring._layout_sizes(layout)
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d as c10d
-
-        h = _Hook(job, rank, layout, directory, capacity)
-        wrappers: dict[str, Callable[..., Any]] = {}
-        for name in [*_SPECS, "batch_isend_irecv"]:
-            orig = getattr(c10d, name, None)
-            if orig is None or getattr(orig, "_failslow_hook", False):
-                continue
-            wrappers[name] = (_make_batch_wrapper(h, orig) if name == "batch_isend_irecv"
-                              else _make_wrapper(h, name, orig))
-            h.originals[(c10d, name)] = orig
-        for mod in (c10d, dist):
-            for name, wrap in wrappers.items():
-                cur = getattr(mod, name, None)
-                if cur is not None and cur is h.originals[(c10d, name)]:
-                    if mod is not c10d:
-                        h.originals[(mod, name)] = cur
-                    setattr(mod, name, wrap)
-        _hook = h
-        os.register_at_fork(after_in_child=h.after_fork_in_child)
-        import atexit
-
-        atexit.register(_at_exit)
-
-
-def _at_exit() -> None:
-    h = _hook
-    if h is None or h.writer is None or h.writer_pid != os.getpid():
-        return
-    keep = os.environ.get("FAILSLOW_KEEP_RINGS", "").strip() not in ("", "0")
-    h.writer.close(unlink=not keep)
-
-
-def uninstall(unlink: bool = True) -> None:
-    """Restore the original torch.distributed functions and close the ring (for tests and benchmarks)."""
-    global _hook
-    with _install_lock:
-        h = _hook
-        if h is None:
-            return
-        for (mod, name), orig in h.originals.items():
-            setattr(mod, name, orig)
-        if h.writer is not None and h.writer_pid == os.getpid():
-            h.writer.close(unlink=unlink)
-        _hook = None
-
-
-def installed() -> bool:
-    """Whether the hook is installed in this process."""
-    return _hook is not None
-
-
-def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """`fn` recorded as the collective `name` (``all_reduce``, ``broadcast`` …, with torch.distributed's
-    signature) by the installed hook, the way :func:`install` wraps torch.distributed's own: for a
-    collective of a library that does not go through ``torch.distributed``, or to time the hook alone
-    around a function that does nothing. Raises RuntimeError when the hook is not installed."""
-    h = _hook
-    if h is None:
-        raise RuntimeError("failslow.torchhook is not installed in this process: call install() first")
-    return _make_wrapper(h, name, fn)
-
-
-def ring_file() -> str | None:
-    """Path of the ring this process writes (None before the first recorded call)."""
-    h = _hook
-    return str(h.writer.path) if h is not None and h.writer is not None else None
-
-
-def install_from_env(env: Mapping[str, str] | None = None) -> bool:
-    """Install the hook when ``FAILSLOW_TORCH_HOOK=1`` (true, yes, on); returns whether it is installed.
-
-    ``FAILSLOW_RING_CAPACITY`` sets the ring size. Job, rank and layout come from the environment.
-    """
-    e = os.environ if env is None else env
-    if e.get("FAILSLOW_TORCH_HOOK", "").strip().lower() not in ("1", "true", "yes", "on"):
-        return installed()
-    cap_s = e.get("FAILSLOW_RING_CAPACITY", "").strip()
-    try:
-        cap = int(cap_s) if cap_s else ring.DEFAULT_CAPACITY
-    except ValueError as exc:
-        raise InputError(f"FAILSLOW_RING_CAPACITY={cap_s!r} is not an integer") from exc
-    install(capacity=cap)
-    return True

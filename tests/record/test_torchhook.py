@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from failslow.ring import OP_NAMES, Flag, RingReader, find_rings, read_header
+from failslow.record import OP_NAMES, Flag, RingReader, find_rings, read_header
 
 JOB = Path(__file__).with_name("torchhook_job.py")
 WS = 3  # three processes: groups of 3, 2 (pair) and 1 (odd ranks), p2p in a ring; one torch import each
