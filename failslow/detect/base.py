@@ -27,6 +27,13 @@ Change = tuple[int, int, float, float, float]
 level_after)."""
 
 
+def no_changes(n: int) -> tuple[BoolArray, IntArray, FloatArray, FloatArray, FloatArray]:
+    """One step's verdict arrays with nothing changed: ``changed``, ``index``, ``probability``, ``level_before``,
+    ``level_after`` for `n` series (a detector fills in the rows that changed)."""
+    return (np.zeros(n, dtype=bool), np.full(n, -1, dtype=np.int64), np.full(n, np.nan), np.full(n, np.nan),
+            np.full(n, np.nan))
+
+
 @dataclass(frozen=True)
 class ChangePoint:
     """A confirmed change in one series.

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from failslow.detect.base import BatchVerdict, Change, FloatArray, IntArray
+from failslow.detect.base import BatchVerdict, Change, FloatArray, IntArray, no_changes
 from failslow.detect.bocd import BOCD, BOCDConfig, run_lengths
 from failslow.detect.events import SETTLE, EventTracker
 from failslow.detect.history import History, _by_age, _nanmedian_rows, _Observed
@@ -237,11 +237,7 @@ class VerifiedBOCD(_BOCDBase):
             prob = prob.copy()
             prob[extra_rows] = self._model.start_probability(extra_rows, t - extra_c)
         self._update_ref(xv)
-        changed = np.zeros(s, dtype=bool)
-        index = np.full(s, -1, dtype=np.int64)
-        p = np.full(s, np.nan)
-        lb = np.full(s, np.nan)
-        la = np.full(s, np.nan)
+        changed, index, p, lb, la = no_changes(s)
         if cand.any():
             rows = np.flatnonzero(cand)
             mb, ma, nb, na, mad, after = self._levels(rows, c[rows])
@@ -322,11 +318,7 @@ class PlainBOCD(_BOCDBase):
         s, t = self.n_series, self.t
         c = t - run
         new = (c > self._last) & (run < self.bocd.max_run - 1) & ~np.isnan(xv)
-        changed = np.zeros(s, dtype=bool)
-        index = np.full(s, -1, dtype=np.int64)
-        p = np.full(s, np.nan)
-        lb = np.full(s, np.nan)
-        la = np.full(s, np.nan)
+        changed, index, p, lb, la = no_changes(s)
         if new.any():
             rows = np.flatnonzero(new)
             mb, ma, _, _, _, _ = self._levels(rows, c[rows])

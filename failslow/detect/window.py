@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from failslow.detect.base import BatchVerdict, Change
+from failslow.detect.base import BatchVerdict, Change, no_changes
 from failslow.detect.events import EventTracker
 from failslow.detect.history import History
 from failslow.errors import InputError
@@ -86,10 +86,7 @@ class WindowMedian:
         w, s = self.width, self.n_series
         self.t += 1
         self._hist.push(self.t, xv)
-        changed = np.zeros(s, dtype=bool)
-        index = np.full(s, -1, dtype=np.int64)
-        lb = np.full(s, np.nan)
-        la = np.full(s, np.nan)
+        changed, index, _, lb, la = no_changes(s)
         # Only a new sample moves a series' windows.
         due = ~np.isnan(xv) & (self._armed_at <= self._hist.n - 1)
         if due.any():
