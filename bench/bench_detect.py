@@ -297,7 +297,8 @@ _CULPRIT_TRUTH = {"cpu": ("compute", "rank 3"), "link": ("link", "node 1"), "gc"
 
 def _culprit_table() -> str:
     """Every testbed fault kind injected for real, analysed by failslow.culprit.analyse on the rings."""
-    from failslow.culprit import Calls, Culprit, analyse, calls_from_ring_dir
+    from failslow.culprit import Culprit, analyse
+    from failslow.record import Calls, calls_from_ring_dir
     from failslow.topology import Layout
 
     def fmt(c: Culprit) -> str:

@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from exporter.collectors.ring import replay_ring
 from failslow.errors import InputError
+from failslow.period import replay_ring
 from failslow.record import find_rings
 
 

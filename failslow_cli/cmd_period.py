@@ -17,7 +17,7 @@ from typing import Any
 from failslow.errors import InputError
 from failslow.period import (
     CONFIDENCE_MIN,
-    Calls,
+    CallSequence,
     IterationResult,
     compare_steps,
     decompress,
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"state a period only at this confidence or more, else exit 3 (default {CONFIDENCE_MIN})")
 
 
-def _analyse(calls: Calls, args: argparse.Namespace) -> tuple[dict[str, Any] | None, str, IterationResult]:
+def _analyse(calls: CallSequence, args: argparse.Namespace) -> tuple[dict[str, Any] | None, str, IterationResult]:
     """The JSON answer for one call sequence (``None`` and why when it is not stated), and the result."""
     peer = calls.peer if calls.peer is not None else calls.op * 0
     feats = () if args.timing_only else (calls.op, calls.comm, calls.nbytes, peer)

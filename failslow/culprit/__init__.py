@@ -34,7 +34,7 @@ from ``a`` and split the same way. Then:
 
 Each culprit comes with the evidence used and a confidence in [0, 1].
 
-Modules: ``calls`` (the call table, from ring records), ``instances`` (call instances matched across
+Input: the call table (`failslow.record.Calls`, from ring records). Modules: ``instances`` (call instances matched across
 a communicator's members, the wait/transfer split), ``analysis`` (:func:`analyse`: DP peers, cross-stage
 comparison, node map), ``aggregates`` (:func:`analyse_aggregates`, from per-window averages),
 ``suspects`` (the verdicts both share: stage suspects, reconciliation, link localisation) and
@@ -43,22 +43,16 @@ comparison, node map), ``aggregates`` (:func:`analyse_aggregates`, from per-wind
 
 from failslow.culprit.aggregates import analyse_aggregates
 from failslow.culprit.analysis import analyse
-from failslow.culprit.calls import RECV, SEND, Calls, calls_from_records, calls_from_ring_dir
 from failslow.culprit.instances import Instance, match_instances
 from failslow.culprit.results import Analysis, Culprit, GroupStat, RankStat
 
 __all__ = [
-    "RECV",
-    "SEND",
     "Analysis",
-    "Calls",
     "Culprit",
     "GroupStat",
     "Instance",
     "RankStat",
     "analyse",
     "analyse_aggregates",
-    "calls_from_records",
-    "calls_from_ring_dir",
     "match_instances",
 ]

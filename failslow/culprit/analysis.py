@@ -9,11 +9,11 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from failslow.culprit.calls import Calls
 from failslow.culprit.instances import Instance, match_instances
 from failslow.culprit.results import Analysis, Culprit, GroupStat, RankStat
 from failslow.culprit.suspects import as_callable, links_not_explained, stage_suspects, with_stages
 from failslow.errors import InputError
+from failslow.record.calls import Calls
 
 
 def _union_time(starts: NDArray[np.float64], ends: NDArray[np.float64], lo: float, hi: float) -> float:

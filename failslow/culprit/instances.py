@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from failslow.culprit.calls import RECV, SEND, Calls
+from failslow.record.calls import RECV, SEND, Calls
 
 
 @dataclass(frozen=True)

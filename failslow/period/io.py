@@ -21,8 +21,10 @@ CSV_COLUMNS = ("t_start_s", "op", "bytes", "duration_s", "comm")
 
 
 @dataclass(frozen=True)
-class Calls:
-    """One process's call sequence in call order; features are small integer codes.
+class CallSequence:
+    """One process's call sequence in call order, as period inference reads it; features are small
+    integer codes. (The timings of many ranks' completed calls, for culprit analysis, are the record's
+    call table, `failslow.record.Calls`.)
 
     Attributes:
         t_start: Call start (or enqueue) times, seconds.
@@ -64,17 +66,17 @@ def _float(v: str, what: str, line: int) -> float:
 
 
 def _finish(t: list[float], op: list[str], comm: list[str], nb: list[str], dur: list[float],
-            source: str, peer: list[str] | None = None) -> Calls:
+            source: str, peer: list[str] | None = None) -> CallSequence:
     if not t:
         raise InputError("no calls in the input")
     ta = np.asarray(t, dtype=np.float64)
     order = np.argsort(ta, kind="stable")  # threads of one process may interleave slightly
     pa = _codes(peer)[order] if peer is not None else np.zeros(len(ta), dtype=np.int64)
-    return Calls(t_start=ta[order], op=_codes(op)[order], comm=_codes(comm)[order], nbytes=_codes(nb)[order],
+    return CallSequence(t_start=ta[order], op=_codes(op)[order], comm=_codes(comm)[order], nbytes=_codes(nb)[order],
                  duration=np.asarray(dur, dtype=np.float64)[order], source=source, peer=pa)
 
 
-def parse_csv(text: str) -> Calls:
+def parse_csv(text: str) -> CallSequence:
     """Parse a CSV trace: header ``t_start_s,op`` and optionally ``bytes,duration_s,comm`` (any order).
 
     Without a header row the columns are taken positionally in that order.
@@ -121,7 +123,7 @@ def parse_csv(text: str) -> Calls:
     return _finish(t, op, comm, nb, dur, "csv")
 
 
-def parse_jsonl(text: str, *, pid: int | None = None, rank: int | None = None) -> Calls:
+def parse_jsonl(text: str, *, pid: int | None = None, rank: int | None = None) -> CallSequence:
     """Parse `failslow shim-dump` JSON lines; the calls of one process (chosen by ``pid`` or ``rank``).
 
     Control events (communicator init/split/destroy) are skipped. Time is ``t_enqueue_ns`` (host time at
@@ -183,7 +185,7 @@ def parse_jsonl(text: str, *, pid: int | None = None, rank: int | None = None) -
     return _finish(t, op, comm, nb, dur, f"pid {procs[0][0]} rank {procs[0][1]}", peers)
 
 
-def parse_calls(text: str, *, pid: int | None = None, rank: int | None = None) -> Calls:
+def parse_calls(text: str, *, pid: int | None = None, rank: int | None = None) -> CallSequence:
     """Parse either format: JSON lines when the first non-blank character is ``{``, else CSV."""
     stripped = text.lstrip()
     if stripped.startswith("{"):
@@ -193,7 +195,7 @@ def parse_calls(text: str, *, pid: int | None = None, rank: int | None = None) -
     return parse_csv(text)
 
 
-def read_calls(path: str | os.PathLike[str], *, pid: int | None = None, rank: int | None = None) -> Calls:
+def read_calls(path: str | os.PathLike[str], *, pid: int | None = None, rank: int | None = None) -> CallSequence:
     """Read and parse a call file (CSV or shim-dump JSON lines)."""
     try:
         with open(path, encoding="utf-8") as f:

@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from failslow.errors import InputError
-from failslow.period.io import Calls, finite_float
+from failslow.period.io import CallSequence, finite_float
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z0-9_]+)")
@@ -53,7 +53,7 @@ class ProfilerTrace:
         rank: The rank the trace names (``distributedInfo.rank``), or ``None``.
     """
 
-    calls: Calls
+    calls: CallSequence
     source: str
     step_s: npt.NDArray[np.float64]
     step_start: npt.NDArray[np.float64]
@@ -187,7 +187,7 @@ def parse_profiler_trace(data: bytes | str, *, name: str = "trace") -> ProfilerT
     rows = sorted(found[source], key=lambda r: r[0])
     ts0 = rows[0][0]
     t = (np.array([r[0] for r in rows]) - ts0) * 1e-6
-    calls = Calls(t_start=t, op=_codes([r[2] for r in rows]), comm=_codes([r[3] for r in rows]),
+    calls = CallSequence(t_start=t, op=_codes([r[2] for r in rows]), comm=_codes([r[3] for r in rows]),
                   nbytes=_codes([r[4] for r in rows]), duration=np.array([r[1] for r in rows]) * 1e-6,
                   source=f"{name} ({source})", peer=np.zeros(len(rows), dtype=np.int64))
     st_rows = sorted(steps["user_annotation"] or steps["gpu_user_annotation"])

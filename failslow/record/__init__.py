@@ -11,12 +11,16 @@ Modules, one concept each:
     whether a producer is alive.
   * `writer`: `RingWriter`, the Python producer (commit protocol).
   * `reader`: `RingReader`, the consumer, and the `failslow shim-dump` view (`record_to_dict`, `dump_ring`).
+  * `calls`: `Calls`, the call table every multi-rank analysis reads (culprit analysis, benches): the
+    completed calls of many ranks as parallel arrays on one wall clock (`calls_from_records`,
+    `calls_from_ring_dir`).
   * `torchhook`: the torch.distributed hook that writes rings (``failslow.record.torchhook``, with its
     helpers `torchcomm` and `torchwrap`); not imported here, so importing this package never loads it.
 
-This package re-exports the public names of `layout`, `files`, `writer` and `reader`.
+This package re-exports the public names of `layout`, `files`, `writer`, `reader` and `calls`.
 """
 
+from failslow.record.calls import RECV, SEND, Calls, calls_from_records, calls_from_ring_dir
 from failslow.record.files import (
     env_identity,
     find_rings,
@@ -70,10 +74,13 @@ __all__ = [
     "OP_NAMES",
     "RECORD_DTYPE",
     "RECORD_SIZE",
+    "RECV",
     "RING_PREFIX",
     "RING_SUFFIX",
+    "SEND",
     "STAMP_BUSY",
     "VERSION",
+    "Calls",
     "ClockSource",
     "Control",
     "Feature",
@@ -84,6 +91,8 @@ __all__ = [
     "RingReader",
     "RingWriter",
     "build_header",
+    "calls_from_records",
+    "calls_from_ring_dir",
     "dump_ring",
     "env_identity",
     "find_rings",

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from failslow.culprit import RECV, SEND, Calls
+from failslow.record import RECV, SEND, Calls
 from failslow.topology import Layout
 
 ALLREDUCE = 1

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from failslow.culprit import Calls, analyse
+from failslow.culprit import analyse
 from failslow.errors import InputError
+from failslow.record import Calls
 from failslow.topology import Layout
 from tests.culprit.synthetic import dp_peers, group_role, pp_stage, simulate
 

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from failslow.culprit import Calls, match_instances
+from failslow.culprit import match_instances
+from failslow.record import Calls
 
 
 def test_a_window_cut_inside_an_instance_is_realigned() -> None:

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from failslow.culprit import Analysis, Calls, analyse, calls_from_ring_dir
+from failslow.culprit import Analysis, analyse
 from failslow.detect import detect_series
+from failslow.record import Calls, calls_from_ring_dir
 from failslow.topology import Layout
 
 CPU_RANK = 3

@@ -10,7 +10,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from failslow.errors import InputError
-from failslow.record import Op, RingReader, find_rings
+from failslow.record.files import find_rings
+from failslow.record.layout import Op
+from failslow.record.reader import RingReader
 
 #: Op codes (ring.Op) of point-to-point calls; everything else below 64 is a collective.
 SEND, RECV = int(Op.SEND), int(Op.RECV)  # the record's op codes, as ints for array comparisons

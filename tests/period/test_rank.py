@@ -1,0 +1,92 @@
+"""RankTrack: one ring's records to iterations, their compute/comm split and per-communicator totals."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from failslow.period import RankTrack, replay_ring
+from failslow.period import synth as ps
+from failslow.record import Flag, Op, RingReader, RingWriter
+
+T0_NS = 5_000_000_000
+
+
+def _write(directory: Path, tr: ps.SynthTrace, *, rank: int = 1, layout: dict[str, int] | None = None,
+           world: int = 2, nranks: int = 2, drop: slice | None = None) -> Path:
+    """The synthetic stream as the ring of a fictitious process (one communicator of ``nranks`` ranks)."""
+    w = RingWriter.create(directory=directory, job="j", rank=rank, world_size=world, layout=layout,
+                          capacity=1 << 14, pid=4242)
+    keep = np.ones(len(tr.t_start), dtype=bool)
+    if drop is not None:
+        keep[drop] = False
+    try:
+        for c in sorted(set(tr.comm.tolist())):
+            w.append(Op.COMM_INIT, 0x100 + c, nranks, rank % nranks, -1, 0, 0, 255, T0_NS)
+        for i in np.flatnonzero(keep).tolist():
+            t0 = T0_NS + round((tr.t_start[i] - tr.t_start[0]) * 1e9) + 1000
+            t1 = t0 + round(tr.duration[i] * 1e9)
+            w.append(int(tr.op[i]), 0x100 + int(tr.comm[i]), nranks, rank % nranks, -1, int(tr.nbytes[i]) // 4,
+                     int(tr.nbytes[i]), 7, t0, t0, t1, int(Flag.HOST_TIMES))
+    finally:
+        w.close()
+    return w.path
+
+
+def _dp_trace(iterations: int = 40, seed: int = 3) -> ps.SynthTrace:
+    return ps.generate([ps.dp_buckets(4)], [iterations], seed=seed, jitter=0.01)
+
+
+def test_replay_finds_the_iterations_of_the_stream(tmp_path: Path) -> None:
+    tr = _dp_trace()
+    tk = replay_ring(_write(tmp_path, tr), chunk=37)
+    assert tk.period == 5
+    assert tk.history is not None and len(tk.history) >= len(tr.iteration_s) - 4
+    got = np.array([d for d, _ in tk.history])
+    # every iteration the tracker emits has the duration of one true iteration (the same stream, in chunks)
+    truth = float(np.median(tr.iteration_s))
+    assert np.median(np.abs(got - truth)) / truth < 0.02
+    assert tk.mean_iteration_s == pytest.approx(float(np.mean(got[-20:])), rel=1e-9)
+
+
+def test_split_is_time_inside_and_outside_calls(tmp_path: Path) -> None:
+    tr = _dp_trace()
+    tk = replay_ring(_write(tmp_path, tr))
+    arr = np.asarray(tk.split)
+    assert len(arr) == 20  # the window
+    # four 2 ms bucket all-reduces and one 0.1 ms loss all-reduce per iteration are inside calls
+    assert np.median(arr[:, 1]) == pytest.approx(4 * 2e-3 + 1e-4, rel=0.05)
+    assert np.all(arr[:, 1] < arr[:, 0])
+
+
+def test_communicator_totals_and_layout(tmp_path: Path) -> None:
+    tr = _dp_trace(iterations=12)
+    path = _write(tmp_path, tr, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1}, world=4)
+    tk = replay_ring(path)
+    assert set(tk.comms) == {0x101}
+    st = tk.stats[(0x101, int(Op.ALLREDUCE))]
+    assert st.calls == len(tr.t_start) and st.dur_count == len(tr.t_start)
+    assert st.nbytes == int(tr.nbytes.sum())
+    assert st.dur_sum == pytest.approx(float(tr.duration.sum()), rel=1e-6)
+    assert tk.layout is not None and (tk.layout.dp, tk.layout.pp) == (2, 2)
+    # a collective of two ranks in a DP2xPP2 job is the rank's data-parallel group
+    assert tk.group_of(0x101) == "dp"
+
+
+def test_lost_records_restart_the_tracker_without_merging_iterations(tmp_path: Path) -> None:
+    tr = _dp_trace(iterations=60)
+    path = _write(tmp_path, tr, drop=slice(120, 123))  # a hole in the middle of an iteration
+    reader = RingReader(path, pending_timeout_s=0.0)
+    tk = RankTrack(path, reader, window=20, buffer=8192)
+    tk.history = []
+    recs = reader.read_new()
+    for i in range(0, len(recs), 50):
+        tk.ingest(recs[i:i + 50])
+    truth = float(np.median(tr.iteration_s))
+    got = np.array([d for d, _ in tk.history])
+    # the iterations around the hole are not reported as one long iteration
+    assert got.max() < 1.5 * truth
+    assert tk.iterations_total == len(tk.history)
+    tk.close()
