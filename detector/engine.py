@@ -3,22 +3,29 @@
 No I/O here: the service feeds :meth:`Engine.step` with one sample per (job, rank) per poll and gets back
 the job events that opened, changed or closed; state round-trips through plain arrays and JSON.
 
-A job's event opens when at least ``quorum`` of its ranks have an open slowdown (in synchronous training
-every rank slows down with the straggler, so a majority is both natural and robust to one noisy series);
-its onset is the earliest first-slow-sample among them. It closes when fewer than ``quorum`` ranks are
-slow *and* the job's level is back under ``(1 + threshold)`` times the level before the event, so an event
-restored from Redis after the detector state was lost is not closed just because nobody remembers it.
+The engine keeps the bookkeeping (which series is which (job, rank), poll times, last values, snapshots);
+the rules are the core's: each series' events come from the detector
+(:class:`failslow.detect.events.EventTracker`), a job's event from :func:`failslow.detect.jobs.job_events_step`
+(opens on a quorum of slow ranks, closes when fewer are slow and the job's level is back).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import numpy as np
 
-from failslow.detect import RECOVER_SHARE, BatchDetector, BOCDConfig, VerifyConfig, keep_series, make_detector
+from failslow.detect import (
+    BatchDetector,
+    BOCDConfig,
+    JobChange,
+    JobEvent,
+    VerifyConfig,
+    job_events_step,
+    keep_series,
+    make_detector,
+)
 
 Key = tuple[str, str]  # (job, rank)
 TIME_RING = 1024  # poll times kept to turn sample indices into timestamps
@@ -27,38 +34,6 @@ SNAPSHOT_FORMAT = 2
 A snapshot of another format is not resumed from: the detectors start afresh (the events survive)."""
 
 
-@dataclass
-class JobEvent:
-    """The fail-slow state of one job, as stored in Redis and exported as metrics."""
-
-    job: str
-    open: bool = False
-    onset_ts: float = 0.0
-    opened_ts: float = 0.0
-    closed_ts: float = 0.0
-    baseline: float = 0.0
-    ratio: float = 1.0
-    peak: float = 1.0
-    suspects: list[dict[str, Any]] = field(default_factory=list)
-    events: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-able dict."""
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> JobEvent:
-        """Inverse of :meth:`to_json` (unknown keys ignored)."""
-        known = {k: doc[k] for k in cls.__dataclass_fields__ if k in doc}
-        return cls(**known)
-
-
-@dataclass(frozen=True)
-class Change:
-    """What happened to a job at a poll: ``opened``, ``closed`` or ``updated`` (ratio moved)."""
-
-    what: str
-    event: JobEvent
 
 
 class Engine:
@@ -116,7 +91,7 @@ class Engine:
             self.last = np.concatenate([self.last, np.full(len(self.keys) - self.last.shape[0], np.nan)])
 
     def step(self, ts: float, samples: dict[Key, float], labels: dict[Key, dict[str, str]] | None = None,
-             sample_ts: float | None = None) -> list[Change]:
+             sample_ts: float | None = None) -> list[JobChange]:
         """Feed one poll: ``samples`` maps (job, rank) to the latest value (NaN or absent = missing).
 
         ``ts`` is the poll time; ``sample_ts``, when known, the time the samples were taken (what an
@@ -135,7 +110,10 @@ class Engine:
         verdict = self._det.update(x)
         fresh = ~np.isnan(x)
         self.last[fresh] = x[fresh]
-        return self._jobs_step(ts, verdict.failslow, verdict.onset, verdict.slowdown, verdict.baseline)
+        names, ids = self._job_index()
+        return job_events_step(self.jobs, names, ids, self.last, verdict.failslow, verdict.onset,
+                               verdict.slowdown, verdict.baseline, ts=ts, quorum=self.quorum,
+                               threshold=self.threshold, onset_time=self.onset_time)
 
     def onset_time(self, index: int) -> float:
         """Timestamp of the poll that produced sample ``index`` (NaN when it left the ring)."""
@@ -152,68 +130,6 @@ class Engine:
             self._job_ids = np.array([pos[k[0]] for k in self.keys], dtype=np.int64)
             self._job_slots_n = len(self.keys)
         return self._job_names, self._job_ids
-
-    def _jobs_step(self, ts: float, failslow: np.ndarray, onset: np.ndarray, slowdown: np.ndarray,
-                   baseline: np.ndarray | None = None) -> list[Change]:
-        names, ids = self._job_index()
-        n = len(names)
-        seen = ~np.isnan(self.last)
-        n_seen = np.bincount(ids[seen], minlength=n)
-        n_slow = np.bincount(ids[seen & failslow], minlength=n)
-        with np.errstate(invalid="ignore", divide="ignore"):
-            frac = np.where(n_seen > 0, n_slow / np.maximum(n_seen, 1), 0.0)
-        is_open = np.array([self.jobs[j].open if j in self.jobs else False for j in names], dtype=bool)
-        # Only jobs that may open and jobs already open need per-job work: usually none or a few.
-        todo = np.flatnonzero(((frac >= self.quorum) & ~is_open | is_open) & (n_seen > 0))
-        changes: list[Change] = []
-        for j in names:
-            if j not in self.jobs:
-                self.jobs[j] = JobEvent(job=j)
-        for jid in todo.tolist():
-            job = names[jid]
-            ev = self.jobs[job]
-            sl = np.flatnonzero((ids == jid) & seen)
-            slow = failslow[sl]
-            level = float(np.median(self.last[sl]))
-            if not ev.open:
-                ratio = float(np.median(slowdown[sl][slow]))
-                first = int(onset[sl][slow].min())
-                t_on = self.onset_time(first)
-                ev.open = True
-                ev.onset_ts = t_on if t_on == t_on else ts
-                ev.opened_ts = ts
-                ev.closed_ts = 0.0
-                ev.ratio = ev.peak = ratio
-                # The healthy level the ranks' detectors measure the slowdown against. Not the level of this
-                # poll over the ratio: the poll that confirms a short slowdown can be its first healthy
-                # sample (or the quorum is reached a poll after it ended), and a baseline read off it sits
-                # a whole slowdown below the healthy level, so the level was never "back" and the event
-                # never closed.
-                base = baseline[sl][slow] if baseline is not None else np.zeros(0)
-                base = base[np.isfinite(base) & (base > 0)]
-                ev.baseline = float(np.median(base)) if base.size else (level / ratio if ratio > 0 else level)
-                ev.suspects = []
-                ev.events += 1
-                changes.append(Change("opened", ev))
-                continue
-            ratio = level / ev.baseline if ev.baseline > 0 else 1.0
-            ev.peak = max(ev.peak, ratio)
-            # Closed when fewer than a quorum of ranks are still slow and the job's level is back: under
-            # the threshold, or most of the rise taken back (RECOVER_SHARE, as for each series: after a
-            # 2.7x fault a host that got busier meanwhile may leave the job 1.3x its old level, which the
-            # ranks' detectors take as the new normal; the event must not stay open for it forever).
-            back = ratio < 1.0 + self.threshold or (
-                ratio - 1.0 <= (1.0 - RECOVER_SHARE) * (ev.peak - 1.0))
-            if frac[jid] < self.quorum and back:
-                ev.open = False
-                ev.closed_ts = ts
-                ev.ratio = ev.peak = 1.0
-                ev.suspects = []
-                changes.append(Change("closed", ev))
-            elif abs(ratio - ev.ratio) > 1e-9:
-                ev.ratio = ratio
-                changes.append(Change("updated", ev))
-        return changes
 
     def drop(self, keys: list[Key]) -> list[str]:
         """Forget dead series (their detector state, labels, last values); returns the jobs left with none.

@@ -20,12 +20,13 @@ from collections.abc import Callable
 from typing import Any
 
 from detector.culprit import analyse_job, suspects
-from detector.engine import Change, Engine, JobEvent, Key
+from detector.engine import Engine, Key
 from detector.metrics import DetectorMetrics
 from detector.prom import PromClient, PromUnavailable
 from detector.settings import Settings
 from detector.shard import Shard, job_regex
 from detector.store import RedisStore, StoreUnavailable, snapshot_name
+from failslow.detect import JobChange, JobEvent
 
 log = logging.getLogger("failslow.detector")
 
@@ -227,7 +228,7 @@ class Detector:
         if stale or dead:
             self._snapshot_due = True
 
-    def _on_change(self, ch: Change) -> None:
+    def _on_change(self, ch: JobChange) -> None:
         ev = ch.event
         self._dirty.add(ev.job)
         if ch.what == "opened":

@@ -5,6 +5,8 @@ series on top of them. A confirmed change that lifts the level at least ``thresh
 baseline opens an event (the first slow sample is its onset); one that brings the level back closes it (a
 recovery). Speed-ups while healthy (warm-up ending) move the baseline, but a rise back to the level the
 series ran at before a speed-up is no slowdown until the faster level has lasted ``SETTLE`` samples.
+The per-job rule on top of a job's series (:mod:`failslow.detect.jobs`) ends an event with the same
+``RECOVER_SHARE``.
 """
 
 from __future__ import annotations
