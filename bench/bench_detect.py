@@ -197,28 +197,23 @@ class _StaticExporter:
 
 
 def _service_rss(ranks: int = 16384, polls: int = 36, interval: float = 4.0, warmup: int = 8) -> str:
-    sys.path.insert(0, str(REPO / "tests" / "detector"))
-    from detector_stack import Prometheus, Redis, env_without_proxy, free_port
+    from failslow_cli.stack.processes import detector_service, free_port, prometheus_service, redis_service
 
     per_job = 64
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         ep = _StaticExporter(ranks, per_job, interval)
-        prom = Prometheus(tmp, [f"127.0.0.1:{ep.port}"], interval=f"{int(interval * 1000)}ms")
-        red = Redis(tmp)
-        proc = None
+        red = redis_service(tmp)
+        prom = prometheus_service(tmp, [f"127.0.0.1:{ep.port}"], interval=f"{int(interval * 1000)}ms")
+        port = free_port()
+        det = detector_service(tmp, port, prometheus_url=prom.url, redis_url=red.url, poll_s=interval,
+                               argv=[PY, "-m", "detector"], env={"FAILSLOW_DETECTOR_QUERY_TIMEOUT_S": "30",
+                                                                 "FAILSLOW_DETECTOR_SNAPSHOT_EVERY": "5"})
         try:
             red.start()
             prom.start()
-            port = free_port()
-            env = env_without_proxy()
-            env.update({"FAILSLOW_DETECTOR_PROMETHEUS_URL": prom.url, "FAILSLOW_DETECTOR_REDIS_URL": red.url,
-                        "FAILSLOW_DETECTOR_PORT": str(port), "FAILSLOW_DETECTOR_ADDRESS": "127.0.0.1",
-                        "FAILSLOW_DETECTOR_POLL_INTERVAL_S": str(interval),
-                        "FAILSLOW_DETECTOR_QUERY_TIMEOUT_S": "30",
-                        "FAILSLOW_DETECTOR_SNAPSHOT_EVERY": "5"})
-            proc = subprocess.Popen([PY, "-m", "detector"], env=env, stdout=subprocess.DEVNULL,
-                                    stderr=subprocess.DEVNULL, cwd=REPO)
+            det.start()
+            pid = det.proc.pid
             import requests
 
             def metric(name: str) -> float | None:
@@ -232,7 +227,7 @@ def _service_rss(ranks: int = 16384, polls: int = 36, interval: float = 4.0, war
                 return None
 
             def rss_mb() -> float:
-                for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                     if line.startswith("VmRSS:"):
                         return int(line.split()[1]) / 1024
                 return float("nan")
@@ -255,9 +250,7 @@ def _service_rss(ranks: int = 16384, polls: int = 36, interval: float = 4.0, war
                 if dur is not None:
                     durations.append(dur)
         finally:
-            if proc is not None:
-                proc.terminate()
-                proc.wait(30)
+            det.stop()
             prom.stop()
             red.stop()
             ep.close()

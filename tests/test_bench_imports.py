@@ -49,7 +49,7 @@ def test_benches_use_public_names_only() -> None:
 def test_the_check_sees_what_it_forbids(tmp_path: Path) -> None:
     bad = tmp_path / "bench_bad.py"
     bad.write_text("import failslow.record.torchhook as th\nfrom failslow_cli.stack.alert_path import _x\n"
-                   "from tests.detector.detector_stack import Redis\nfrom bench._report import write_section\n"
+                   "from tests.integration.detector_stack import FakeJob\nfrom bench._report import write_section\n"
                    "th._hook\n")
     got = _offences(bad)
     assert len(got) == 3, got

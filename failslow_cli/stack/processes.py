@@ -4,6 +4,9 @@ The configs are copied verbatim into a temporary directory; only what must diffe
 changed there: the file_sd target files (free loopback ports) and the remediator webhook URL and
 token. Processes are started on free loopback ports and stopped by PID. Missing binaries or a
 process that does not become ready raise, so the calling test fails instead of skipping.
+
+Every server process is a :class:`Service`: `with` starts it and stops it; a test may also stop it (SIGTERM,
+or SIGKILL with ``kill=True``) and start it again on the same port, config and data.
 """
 
 from __future__ import annotations
@@ -14,9 +17,8 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,72 +109,113 @@ def render_alertmanager(dest: Path, *, remediator_url: str, token: str) -> Path:
     return dest / "alertmanager.yml"
 
 
-@dataclass
-class Service:
-    """A started server process and the base URL it answers on."""
-
-    proc: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def stop(self) -> None:
-        """Terminate by PID and reap; kill if it does not exit promptly."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+def _http_ok(url: str) -> Callable[[], bool]:
+    return lambda: requests.get(url, timeout=1).status_code == 200
 
 
-def _wait_ready(svc: Service, path: str, timeout: float) -> None:
+def _wait_ready(proc: subprocess.Popen[Any], log: Path, ready: Callable[[], bool], timeout: float, what: str,
+                pause: float = 0.1) -> None:
+    """Until `ready()` holds while `proc` lives; raise with the log tail when it exits or `timeout` passes."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if svc.proc.poll() is not None:
-            raise RuntimeError(f"{svc.proc.args[0]} exited ({svc.proc.returncode}):\n{svc.log.read_text()[-3000:]}")
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
         try:
-            if requests.get(svc.url + path, timeout=1).status_code == 200:
+            if ready():
                 return
-        except requests.RequestException:
+        except (OSError, requests.RequestException):
             pass
-        time.sleep(0.1)
-    svc.stop()
-    raise RuntimeError(f"{svc.proc.args[0]} not ready after {timeout}s:\n{svc.log.read_text()[-3000:]}")
+        time.sleep(pause)
+    raise RuntimeError(f"{what} not ready after {timeout}s:\n{log.read_text()[-3000:]}")
 
 
-@contextmanager
-def _http_daemon(argv: list[str], config: Path, port: int, name: str, timeout: float) -> Iterator[Service]:
-    """Start a Prometheus-family daemon logging next to `config`, wait for /-/ready, stop it on exit."""
-    require_binary(argv[0])
-    log = config.parent / f"{name}.log"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=config.parent)
-    svc = Service(proc, f"http://127.0.0.1:{port}", log)
-    try:
-        _wait_ready(svc, "/-/ready", timeout)
-        yield svc
-    finally:
-        svc.stop()
+@dataclass(eq=False)
+class Service:
+    """A server process on a loopback port, with the base URL it answers on and its log.
+
+    Created stopped. ``with service:`` starts it and stops it on exit; :meth:`start` and :meth:`stop` do the
+    same by hand, any number of times, with the same command line (port, config, data directory), so a test
+    can take the process away (``stop(kill=True)`` for a SIGKILL) and bring it back.
+    """
+
+    argv: list[str]
+    url: str
+    log: Path
+    ready: Callable[[], bool]  # true once the process serves (may raise OSError or RequestException)
+    env: dict[str, str] | None = None
+    cwd: Path | None = None
+    no_proxy: bool = False
+    timeout: float = 30.0
+    _proc: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes]:
+        """The current process (the latest one started)."""
+        if self._proc is None:
+            raise RuntimeError(f"{self.argv[0]} was never started")
+        return self._proc
+
+    @property
+    def running(self) -> bool:
+        """Whether the process is started and has not exited."""
+        return self._proc is not None and self._proc.poll() is None
+
+    def start(self) -> Service:
+        """Start the process and wait until it is ready; stop it and raise if it exits or is not ready in time."""
+        if self.running:
+            raise RuntimeError(f"{self.argv[0]} is already running")
+        self._proc = start_process(self.argv, self.log, self.env, cwd=self.cwd, no_proxy=self.no_proxy)
+        try:
+            _wait_ready(self._proc, self.log, self.ready, self.timeout, self.argv[0])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, *, kill: bool = False) -> None:
+        """Stop it by PID and reap it (see :func:`stop_process`); nothing to do when it is not running."""
+        if self._proc is not None:
+            stop_process(self._proc, kill=kill)
+
+    def __enter__(self) -> Service:
+        return self.start()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.stop()
 
 
-def prometheus(config: Path, port: int, *, timeout: float = 30.0) -> AbstractContextManager[Service]:
-    """Run /usr/bin/prometheus on 127.0.0.1:`port` with `config`, its TSDB next to the config."""
-    return _http_daemon([PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={config.parent / 'data'}",
-                         f"--web.listen-address=127.0.0.1:{port}", "--web.enable-lifecycle"],
-                        config, port, "prometheus", timeout)
+def http_service(argv: list[str], port: int, log: Path, *, ready_path: str = "/-/ready",
+                 env: dict[str, str] | None = None, cwd: Path | None = None, no_proxy: bool = False,
+                 timeout: float = 30.0) -> Service:
+    """A :class:`Service` answering on http://127.0.0.1:`port`, ready once `ready_path` answers 200 (not started).
+
+    For a failslow service pass its CLI argv (:func:`failslow_cli`) and ``ready_path="/metrics"``.
+    """
+    url = f"http://127.0.0.1:{port}"
+    return Service(argv, url, log, _http_ok(url + ready_path), env=env, cwd=cwd, no_proxy=no_proxy, timeout=timeout)
 
 
-def alertmanager(config: Path, port: int, *, timeout: float = 30.0) -> AbstractContextManager[Service]:
-    """Run prometheus-alertmanager on 127.0.0.1:`port` (clustering off), data next to the config."""
-    return _http_daemon([ALERTMANAGER, f"--config.file={config}", f"--storage.path={config.parent / 'am-data'}",
-                         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-                        config, port, "alertmanager", timeout)
+def prometheus(config: Path, port: int, *, timeout: float = 30.0) -> Service:
+    """/usr/bin/prometheus on 127.0.0.1:`port` with `config`, its TSDB and log next to the config (not started:
+    ``with prometheus(...) as svc``). A restart keeps the TSDB."""
+    return http_service([require_binary(PROMETHEUS), f"--config.file={config}",
+                         f"--storage.tsdb.path={config.parent / 'data'}", f"--web.listen-address=127.0.0.1:{port}",
+                         "--web.enable-lifecycle"], port, config.parent / "prometheus.log", cwd=config.parent,
+                        timeout=timeout)
+
+
+def alertmanager(config: Path, port: int, *, timeout: float = 30.0) -> Service:
+    """prometheus-alertmanager on 127.0.0.1:`port` (clustering off), data and log next to the config (not
+    started: ``with alertmanager(...) as svc``)."""
+    return http_service([require_binary(ALERTMANAGER), f"--config.file={config}",
+                         f"--storage.path={config.parent / 'am-data'}", f"--web.listen-address=127.0.0.1:{port}",
+                         "--cluster.listen-address="], port, config.parent / "alertmanager.log", cwd=config.parent,
+                        timeout=timeout)
 
 
 def alert_rules() -> list[dict[str, Any]]:
     """Every alerting rule in prometheus/rules/*.yml."""
-    out = []
+    out: list[dict[str, Any]] = []
     for f in sorted((PROMETHEUS_DIR / "rules").glob("*.yml")):
         for g in yaml.safe_load(f.read_text())["groups"]:
             out.extend(r for r in g["rules"] if "alert" in r)
@@ -181,7 +224,7 @@ def alert_rules() -> list[dict[str, Any]]:
 
 def recording_rules() -> list[dict[str, Any]]:
     """Every recording rule in prometheus/rules/*.yml."""
-    out = []
+    out: list[dict[str, Any]] = []
     for f in sorted((PROMETHEUS_DIR / "rules").glob("*.yml")):
         for g in yaml.safe_load(f.read_text())["groups"]:
             out.extend(r for r in g["rules"] if "record" in r)
@@ -193,46 +236,54 @@ def recording_rules() -> list[dict[str, Any]]:
 REDIS = "/usr/bin/redis-server"
 
 
-@contextmanager
-def redis_server(workdir: Path, port: int, *, timeout: float = 20.0, persist: bool = False) -> Iterator[Service]:
-    """Run a private redis-server on 127.0.0.1:`port`, stopped by PID.
+def _redis_ping(port: int) -> Callable[[], bool]:
+    def ping() -> bool:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(16).startswith(b"+PONG")
+    return ping
+
+
+def redis_server(workdir: Path, port: int, *, timeout: float = 20.0, persist: bool = False) -> Service:
+    """A private redis-server on 127.0.0.1:`port`, stopped by PID (not started: ``with redis_server(...) as r``).
 
     Without `persist` it keeps nothing on disk. With it, every write goes to an append-only file in `workdir`
-    (fsync'd at once), so a server started again on the same `workdir` has every key back: what a restart of
-    the remediator's Redis must not lose.
+    (fsync'd at once), so a server started again on the same `workdir` (the same :class:`Service` restarted,
+    or a new one) has every key back: what a restart of the remediator's or the detector's Redis must not lose.
     """
     require_binary(REDIS)
     workdir.mkdir(parents=True, exist_ok=True)
-    log = workdir / "redis.log"
     durability = ["--appendonly", "yes", "--appendfsync", "always"] if persist else ["--appendonly", "no"]
-    with open(log, "ab") as out:
-        proc = subprocess.Popen([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *durability,
-                                 "--dir", str(workdir)], stdout=out, stderr=subprocess.STDOUT)
-    svc = Service(proc, f"redis://127.0.0.1:{port}/0", log)
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"redis-server exited ({proc.returncode}):\n{log.read_text()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=1) as s:
-                    s.sendall(b"PING\r\n")
-                    if s.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server not ready after {timeout}s")
-            time.sleep(0.1)
-        yield svc
-    finally:
-        svc.stop()
+    return Service([REDIS, "--port", str(port), "--bind", "127.0.0.1", "--save", "", *durability,
+                    "--dir", str(workdir)], f"redis://127.0.0.1:{port}/0", workdir / "redis.log", _redis_ping(port),
+                   timeout=timeout)
 
 
-def start_process(argv: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-    """Start a failslow service (or any command) with its output in `log`."""
+_PROXY_VARS = ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")
+
+
+def env_without_proxy(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment without the HTTP(S) proxy variables, loopback marked NO_PROXY, plus `env`.
+
+    For a process that talks to its loopback peers with `requests` (a detector polling the test's
+    Prometheus): a proxy set in the caller's environment must not see that traffic.
+    """
+    out = {k: v for k, v in os.environ.items() if k not in _PROXY_VARS}
+    out["NO_PROXY"] = "127.0.0.1,localhost"
+    out.update(env or {})
+    return out
+
+
+def start_process(argv: list[str], log: Path, env: Mapping[str, str] | None = None, *, cwd: Path | None = None,
+                  no_proxy: bool = False) -> subprocess.Popen[bytes]:
+    """Start a failslow service (or any command) with its output appended to `log`.
+
+    Its environment is this process's plus `env`; with `no_proxy`, without the proxy variables
+    (:func:`env_without_proxy`).
+    """
+    full = env_without_proxy(env) if no_proxy else {**os.environ, **(env or {})}
     with open(log, "ab") as out:
-        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+        return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=full, cwd=cwd)
 
 
 def stop_process(proc: subprocess.Popen[Any], *, kill: bool = False) -> None:
@@ -251,17 +302,7 @@ def stop_process(proc: subprocess.Popen[Any], *, kill: bool = False) -> None:
 
 def wait_http(url: str, proc: subprocess.Popen[Any], log: Path, timeout: float = 60) -> None:
     """Wait until `url` answers 200 while `proc` lives; raise with the log tail otherwise."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited ({proc.returncode}):\n{log.read_text()[-3000:]}")
-        try:
-            if requests.get(url, timeout=1).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"{url} not answering after {timeout}s:\n{log.read_text()[-3000:]}")
+    _wait_ready(proc, log, _http_ok(url), timeout, url, pause=0.2)
 
 
 @dataclass
@@ -371,3 +412,42 @@ def failslow_cli() -> list[str]:
 
     exe = Path(sys.executable).parent / "failslow"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "failslow_cli"]
+
+
+def redis_service(tmp: Path) -> Service:
+    """redis-server on a free loopback port, every write in an append-only file under `tmp`/redis, so a
+    restart keeps its data (not started: ``with`` it, or ``start()`` it)."""
+    return redis_server(tmp / "redis", free_port(), persist=True)
+
+
+def prometheus_service(tmp: Path, exporters: Iterable[str], *, detectors: Iterable[str] = (),
+                       interval: str = "200ms", evaluation_interval: str | None = None) -> Service:
+    """The shipped Prometheus (prometheus.yml and rules, rendered under `tmp`/prom) on a free loopback port.
+
+    `exporters` (host:port) are its failslow-exporter targets, `detectors` its failslow-detector targets; both
+    jobs keep the training job label of the scraped series (honor_labels). Scrapes every `interval`; rules
+    at the shipped interval unless `evaluation_interval`. Not started: ``with`` it, or ``start()`` it.
+    """
+    port = free_port()
+    cfg = render_prometheus(tmp / "prom", prometheus=f"127.0.0.1:{port}", exporters=list(exporters),
+                                      detector=list(detectors), scrape_interval=interval,
+                                      evaluation_interval=evaluation_interval)
+    return prometheus(cfg, port)
+
+
+def detector_service(tmp: Path, port: int, *, prometheus_url: str, redis_url: str, poll_s: float,
+                     argv: list[str] | None = None, env: dict[str, str] | None = None,
+                     name: str = "detector") -> Service:
+    """A detector service process on 127.0.0.1:`port`, configured by its FAILSLOW_DETECTOR_* environment.
+
+    It polls `prometheus_url` every `poll_s` seconds and keeps its state in `redis_url`; `env` adds settings.
+    `argv` is `failslow detector` unless given (``[sys.executable, "-m", "detector"]``, or the CLI with options).
+    No proxy variables in its environment; its log is `tmp`/`name`.log. Not started; ready once /metrics
+    answers, so ``stop(kill=True)`` then ``start()`` is a crash and a restart.
+    """
+    return http_service(argv or [*failslow_cli(), "detector"], port, tmp / f"{name}.log",
+                        ready_path="/metrics", no_proxy=True, timeout=60.0, env={
+                            "FAILSLOW_DETECTOR_PROMETHEUS_URL": prometheus_url,
+                            "FAILSLOW_DETECTOR_REDIS_URL": redis_url, "FAILSLOW_DETECTOR_PORT": str(port),
+                            "FAILSLOW_DETECTOR_ADDRESS": "127.0.0.1",
+                            "FAILSLOW_DETECTOR_POLL_INTERVAL_S": str(poll_s), **(env or {})})

@@ -4,21 +4,16 @@ from __future__ import annotations
 
 import re
 import subprocess
-from pathlib import Path
 
-import numpy as np
 import pytest
-from detector_stack import Redis
 from prometheus_client import CollectorRegistry
 from pydantic import ValidationError
 
-from detector.engine import Engine, JobEvent
 from detector.metrics import DetectorMetrics
-from detector.prom import PromClient
-from detector.service import Detector, build
+from detector.service import build
 from detector.settings import Settings
 from detector.shard import Shard, hashmod, job_regex
-from detector.store import RedisStore, snapshot_name
+from detector.store import snapshot_name
 
 # Prometheus relabel hashmod (model/relabel/relabel.go): binary.BigEndian.Uint64(md5.Sum([]byte(val))[8:]) % mod.
 # Digests from `md5sum`; the last 16 hex digits read as an unsigned 64-bit integer, by hand.
@@ -118,34 +113,3 @@ def test_shard_metrics_are_exported() -> None:
     assert reg.get_sample_value("failslow_detector_shards") == 3.0
     m = DetectorMetrics(CollectorRegistry())
     assert m.registry.get_sample_value("failslow_detector_shards") == 1.0
-
-
-def test_a_replica_loads_only_the_state_of_its_own_jobs(tmp_path: Path) -> None:
-    """Stored state of jobs that are another replica's (the shard count changed) is left to that replica."""
-    jobs = [f"job-{i}" for i in range(8)]
-    mine = [j for j in jobs if hashmod(j, 2) == 0]
-    assert 0 < len(mine) < len(jobs)
-    red = Redis(tmp_path)
-    red.start()
-    try:
-        # Replica 0 when it watched every job (another shard count): its snapshot, and the shared event hash.
-        old = Engine()
-        rng = np.random.default_rng(0)
-        for t in range(20):
-            old.step(float(t), {(j, str(r)): 1.0 + 0.01 * rng.standard_normal() for j in jobs for r in range(2)})
-        store = RedisStore(red.url, "fs", snapshot_key=snapshot_name("fs", 0, 2))
-        store.save_snapshot(*old.snapshot())
-        store.save_events({j: JobEvent(job=j, open=True, onset_ts=5.0, ratio=1.5, events=1).to_json() for j in jobs})
-
-        settings = Settings(redis_url=red.url, redis_prefix="fs", shards=2, shard=0, port=0)
-        det = Detector(settings, PromClient("http://127.0.0.1:9"), store, DetectorMetrics(CollectorRegistry()))
-        assert det.load_state()
-        assert sorted({k[0] for k in det.engine.keys}) == mine
-        assert sorted(det.engine.jobs) == mine and all(e.open for e in det.engine.jobs.values())
-        text = det.metrics.registry.get_sample_value
-        assert all(text("failslow_detector_failslow", {"job": j}) == (1.0 if j in mine else None) for j in jobs)
-        # Its writes leave the other replica's events alone.
-        det.save_now()
-        assert sorted(store.load_events()) == jobs
-    finally:
-        red.stop()

@@ -13,20 +13,30 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import redis as redis_lib
 import requests
 import yaml
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
+from detector.engine import Engine
+from detector.metrics import DetectorMetrics
+from detector.prom import PromClient
+from detector.service import Detector
+from detector.settings import Settings
 from detector.shard import hashmod
+from detector.store import RedisStore, snapshot_name
+from failslow.detect import JobEvent
 from failslow_cli.stack import processes
-from failslow_cli.stack.processes import failslow_cli, free_port, start_process, stop_process, wait_http
-from tests.detector.detector_stack import Endpoint, FakeJob, Redis, env_without_proxy
+from failslow_cli.stack.processes import Service, failslow_cli, free_port
+from tests.integration.detector_stack import Endpoint, FakeJob, detector_service, redis_service
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -78,33 +88,26 @@ def wait_for(what: str, pred: Callable[[], Any], timeout: float = 60.0) -> Any:
         time.sleep(0.1)
 
 
+@dataclass
 class Replica:
-    """One `failslow detector --shards 2 --shard <index>` process on a fixed port."""
+    """One `failslow detector --shards 2 --shard <index>` process on a fixed port (restartable)."""
 
-    def __init__(self, index: int, tmp: Path, redis_url: str) -> None:
-        self.index, self.port, self.redis_url = index, free_port(), redis_url
-        self.log = tmp / f"detector-{index}.log"
-        self.prom_url = ""
-        self.proc: Any = None
-
-    def start(self) -> None:
-        env = env_without_proxy()
-        env.update({"FAILSLOW_DETECTOR_REDIS_URL": self.redis_url, "FAILSLOW_DETECTOR_ADDRESS": "127.0.0.1",
-                    "FAILSLOW_DETECTOR_SNAPSHOT_EVERY": "5", "FAILSLOW_DETECTOR_QUERY_TIMEOUT_S": "2"})
-        self.proc = start_process([*failslow_cli(), "detector", "--shards", "2", "--shard", str(self.index),
-                                   "--prometheus-url", self.prom_url, "--port", str(self.port),
-                                   "--poll-interval", str(SCRAPE)], self.log, env=env)
-        wait_http(f"http://127.0.0.1:{self.port}/metrics", self.proc, self.log)
+    index: int
+    port: int
+    svc: Service
 
     def metrics(self) -> Metrics:
         return scrape(self.port)
 
-    def stop(self, kill: bool = False) -> None:
-        if self.proc is not None:
-            stop_process(self.proc, kill=kill)
+
+def replica(index: int, tmp: Path, port: int, prom_url: str, redis_url: str) -> Replica:
+    argv = [*failslow_cli(), "detector", "--shards", "2", "--shard", str(index)]
+    return Replica(index, port, detector_service(
+        tmp, port, prometheus_url=prom_url, redis_url=redis_url, poll_s=SCRAPE, argv=argv, name=f"detector-{index}",
+        env={"FAILSLOW_DETECTOR_SNAPSHOT_EVERY": "5", "FAILSLOW_DETECTOR_QUERY_TIMEOUT_S": "2"}))
 
 
-Stack = tuple[dict[str, FakeJob], str, Redis, list[Replica]]
+Stack = tuple[dict[str, FakeJob], str, Service, list[Replica]]
 
 
 def shipped_prometheus(tmp: Path, exporter: str, detectors: list[str]) -> tuple[Path, int]:
@@ -125,20 +128,15 @@ def shipped_prometheus(tmp: Path, exporter: str, detectors: list[str]) -> tuple[
 def shards(tmp_path: Path) -> Iterator[Stack]:
     jobs = {name: FakeJob(job=name, comm_metrics=False) for names in JOBS.values() for name in names}
     ep = Endpoint(list(jobs.values()), period=SCRAPE)
-    red = Redis(tmp_path)
-    replicas = [Replica(i, tmp_path, red.url) for i in range(2)]
-    cfg, port = shipped_prometheus(tmp_path, ep.target, [f"127.0.0.1:{r.port}" for r in replicas])
+    red = redis_service(tmp_path)
+    ports = [free_port() for _ in range(2)]
+    cfg, port = shipped_prometheus(tmp_path, ep.target, [f"127.0.0.1:{p}" for p in ports])
+    prom = processes.prometheus(cfg, port)
+    replicas = [replica(i, tmp_path, p, prom.url, red.url) for i, p in enumerate(ports)]
     try:
-        red.start()
-        with processes.prometheus(cfg, port) as prom:
-            for r in replicas:
-                r.prom_url = prom.url
-                r.start()
+        with red, prom, replicas[0].svc, replicas[1].svc:
             yield jobs, prom.url, red, replicas
     finally:
-        for r in replicas:
-            r.stop()
-        red.stop()
         ep.close()
 
 
@@ -211,9 +209,9 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
     t_open = wait_for("a snapshot of replica 0 with the open event", snapshot_step)
     wait_for("a later snapshot of replica 0", lambda: (snapshot_step() or 0) >= t_open + 10)
     # Replica 1 goes on alone and does not take over replica 0's jobs.
-    pid1 = r1.proc.pid
+    pid1 = r1.svc.proc.pid
     assert prom_query(prom, 'ALERTS{alertname=~"DetectorShard.*"}') == []
-    r0.stop(kill=True)
+    r0.svc.stop(kill=True)
     # The shipped DetectorShardMissing rule sees shard 0 gone (pending for its `for`); nothing is doubled.
     missing = wait_for("DetectorShardMissing pending", lambda: prom_query(
         prom, 'ALERTS{alertname="DetectorShardMissing"}'))
@@ -223,19 +221,19 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
     m1 = r1.metrics()
     assert jobs_exported(m1) == set(JOBS[1]) and value(m1, "failslow_detector_series") == 12.0
     # Replica 0 comes back: its open event is neither forgotten nor fired again, and it watches its jobs.
-    r0.start()
+    r0.svc.start()
     m0 = wait_for("replica 0 to resume its share", partial(watching, r0))
     assert jobs_exported(m0) == set(JOBS[0])
     assert value(m0, "failslow_detector_failslow", job=SLOW[0]) == 1.0
     assert value(m0, "failslow_detector_onset_timestamp_seconds", job=SLOW[0]) == pytest.approx(onset[0])
     assert value(m0, "failslow_detector_events_total", job=SLOW[0]) is None  # nothing opened anew
     assert json.loads(rc.hget(f"{PREFIX}:events", SLOW[0]))["events"] == 1
-    assert "state loaded (shard 0 of 2): 12 series, 3 jobs, 1 open events" in r0.log.read_text()
+    assert "state loaded (shard 0 of 2): 12 series, 3 jobs, 1 open events" in r0.svc.log.read_text()
     wait_for("DetectorShardMissing gone", lambda: prom_query(prom, 'ALERTS{alertname="DetectorShardMissing"}') == [])
 
     # The other replica was not disturbed: same process, same jobs, its event still open and counted once.
     m1 = r1.metrics()
-    assert r1.proc.pid == pid1 and r1.proc.poll() is None
+    assert r1.svc.proc.pid == pid1 and r1.svc.proc.poll() is None
     assert jobs_exported(m1) == set(JOBS[1])
     assert value(m1, "failslow_detector_failslow", job=SLOW[1]) == 1.0
     assert value(m1, "failslow_detector_onset_timestamp_seconds", job=SLOW[1]) == pytest.approx(onset[1])
@@ -247,3 +245,30 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
     assert json.loads(rc.hget(f"{PREFIX}:events", SLOW[0]))["open"] is False
     assert value(r1.metrics(), "failslow_detector_failslow", job=SLOW[1]) == 1.0
     assert len(prom_query(prom, "failslow_detector_failslow")) == len(jobs)
+
+
+def test_a_replica_loads_only_the_state_of_its_own_jobs(tmp_path: Path) -> None:
+    """Stored state of jobs that are another replica's (the shard count changed) is left to that replica."""
+    jobs = [f"job-{i}" for i in range(8)]
+    mine = [j for j in jobs if hashmod(j, 2) == 0]
+    assert 0 < len(mine) < len(jobs)
+    with redis_service(tmp_path) as red:
+        # Replica 0 when it watched every job (another shard count): its snapshot, and the shared event hash.
+        old = Engine()
+        rng = np.random.default_rng(0)
+        for t in range(20):
+            old.step(float(t), {(j, str(r)): 1.0 + 0.01 * rng.standard_normal() for j in jobs for r in range(2)})
+        store = RedisStore(red.url, "fs", snapshot_key=snapshot_name("fs", 0, 2))
+        store.save_snapshot(*old.snapshot())
+        store.save_events({j: JobEvent(job=j, open=True, onset_ts=5.0, ratio=1.5, events=1).to_json() for j in jobs})
+
+        settings = Settings(redis_url=red.url, redis_prefix="fs", shards=2, shard=0, port=0)
+        det = Detector(settings, PromClient("http://127.0.0.1:9"), store, DetectorMetrics(CollectorRegistry()))
+        assert det.load_state()
+        assert sorted({k[0] for k in det.engine.keys}) == mine
+        assert sorted(det.engine.jobs) == mine and all(e.open for e in det.engine.jobs.values())
+        text = det.metrics.registry.get_sample_value
+        assert all(text("failslow_detector_failslow", {"job": j}) == (1.0 if j in mine else None) for j in jobs)
+        # Its writes leave the other replica's events alone.
+        det.save_now()
+        assert sorted(store.load_events()) == jobs

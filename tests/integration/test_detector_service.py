@@ -1,7 +1,7 @@
 """The detector service against a REAL Prometheus and a REAL Redis, including restarts of both.
 
-Prometheus scrapes a prometheus-client endpoint that plays a DP2 x PP2 job's node agents; the test
-injects a slow rank or a slow node link there and drives the detector poll by poll.
+Prometheus, run from the shipped prometheus.yml and rules, scrapes a prometheus-client endpoint (listed in
+its exporter target file) that plays a DP2 x PP2 job's node agents; the test injects a slow rank or a slow node link there and drives the detector poll by poll.
 """
 
 from __future__ import annotations
@@ -16,22 +16,31 @@ from pathlib import Path
 import pytest
 import redis as redis_lib
 import requests
-from detector_stack import Endpoint, FakeJob, Prometheus, Redis, env_without_proxy, free_port
 from prometheus_client import CollectorRegistry, generate_latest
 
 from detector.metrics import DetectorMetrics
 from detector.service import Detector, build
 from detector.settings import Settings
+from failslow_cli.stack.processes import Service
+from tests.integration.detector_stack import (
+    Endpoint,
+    FakeJob,
+    detector_service,
+    free_port,
+    prometheus_service,
+    redis_service,
+)
 
 SCRAPE = 0.1
 
 
 @pytest.fixture
-def stack(tmp_path: Path) -> Iterator[tuple[FakeJob, Endpoint, Prometheus, Redis]]:
+def stack(tmp_path: Path) -> Iterator[tuple[FakeJob, Endpoint, Service, Service]]:
+    """A DP2 x PP2 job's endpoint, the shipped Prometheus scraping it every SCRAPE, and Redis (both restartable)."""
     job = FakeJob()
     ep = Endpoint([job], period=SCRAPE)
-    prom = Prometheus(tmp_path, [ep.target], interval=f"{int(SCRAPE * 1000)}ms")
-    red = Redis(tmp_path)
+    prom = prometheus_service(tmp_path, [ep.target], interval=f"{int(SCRAPE * 1000)}ms")
+    red = redis_service(tmp_path)
     try:
         red.start()
         prom.start()
@@ -42,7 +51,7 @@ def stack(tmp_path: Path) -> Iterator[tuple[FakeJob, Endpoint, Prometheus, Redis
         ep.close()
 
 
-def _settings(prom: Prometheus, red: Redis, **kw: object) -> Settings:
+def _settings(prom: Service, red: Service, **kw: object) -> Settings:
     base = {"prometheus_url": prom.url, "redis_url": red.url, "poll_interval_s": SCRAPE, "query_timeout_s": 2.0,
             "snapshot_every": 5, "culprit_every": 5, "port": 0, "address": "127.0.0.1"}
     base.update(kw)
@@ -190,8 +199,8 @@ def test_a_job_that_stops_is_dropped_with_its_series_and_state(tmp_path: Path) -
     """A job that ends (its series vanish) loses its detector rows, exported series and Redis event."""
     live, gone = FakeJob(job="live"), FakeJob(job="gone")
     ep = Endpoint([live, gone], period=SCRAPE)
-    prom = Prometheus(tmp_path, [ep.target], interval=f"{int(SCRAPE * 1000)}ms")
-    red = Redis(tmp_path)
+    prom = prometheus_service(tmp_path, [ep.target], interval=f"{int(SCRAPE * 1000)}ms")
+    red = redis_service(tmp_path)
     try:
         red.start()
         prom.start()
@@ -239,8 +248,8 @@ def test_waits_for_redis_before_detecting(tmp_path: Path) -> None:
     """Redis away at start: no detection (it could re-fire a stored event), metrics say why."""
     job = FakeJob()
     ep = Endpoint([job], period=SCRAPE)
-    prom = Prometheus(tmp_path, [ep.target])
-    red = Redis(tmp_path)
+    prom = prometheus_service(tmp_path, [ep.target])
+    red = redis_service(tmp_path)
     try:
         prom.start()
         det = build(_settings(prom, red), CollectorRegistry())
@@ -257,16 +266,13 @@ def test_waits_for_redis_before_detecting(tmp_path: Path) -> None:
         ep.close()
 
 
-def test_service_process_serves_metrics_and_saves_on_sigterm(stack) -> None:
+def test_service_process_serves_metrics_and_saves_on_sigterm(stack, tmp_path: Path) -> None:
     _job, _ep, prom, red = stack
     port = free_port()
-    env = env_without_proxy()
-    env.update({"FAILSLOW_DETECTOR_PROMETHEUS_URL": prom.url, "FAILSLOW_DETECTOR_REDIS_URL": red.url,
-                "FAILSLOW_DETECTOR_PORT": str(port), "FAILSLOW_DETECTOR_ADDRESS": "127.0.0.1",
-                "FAILSLOW_DETECTOR_POLL_INTERVAL_S": str(SCRAPE)})
-    p = subprocess.Popen([sys.executable, "-m", "detector"], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
+    svc = detector_service(tmp_path, port, prometheus_url=prom.url, redis_url=red.url, poll_s=SCRAPE,
+                           argv=[sys.executable, "-m", "detector"])
     try:
+        p = svc.start().proc
         text = ""
         for _ in range(100):
             time.sleep(0.2)
@@ -296,9 +302,7 @@ def test_service_process_serves_metrics_and_saves_on_sigterm(stack) -> None:
         p.terminate()
         assert p.wait(20) == 0
     finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait(5)
+        svc.stop(kill=True)
     snap = redis_lib.Redis.from_url(red.url).get("failslow:detector:snapshot:meta")
     assert snap is not None and sorted(json.loads(snap)["keys"]) == [["train", str(r)] for r in range(4)]
 

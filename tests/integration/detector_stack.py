@@ -1,116 +1,24 @@
-"""Real Prometheus, Redis and a small exporter endpoint for the detector tests (started, stopped by PID).
+"""A small exporter endpoint for the detector tests, beside the real processes they run it with.
 
-Nothing here is mocked: `/usr/bin/prometheus` scrapes a prometheus-client HTTP endpoint that the test
-drives, `/usr/bin/redis-server` keeps an append-only file in a temp dir so a restart keeps its data.
-A component that cannot start raises, so the test fails.
+Nothing here is mocked, and every process comes from failslow_cli.stack.processes (started, stopped by PID,
+restartable; re-exported here): `/usr/bin/prometheus` runs the shipped prometheus.yml and rules with the test's endpoint in
+its exporter target file, and scrapes a prometheus-client HTTP endpoint that the test drives;
+`/usr/bin/redis-server` keeps an append-only file in a temp dir so a restart keeps its data. A component
+that cannot start raises, so the test fails.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import requests
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
 
-from failslow_cli.stack.processes import free_port
+from failslow_cli.stack.processes import detector_service, free_port, prometheus_service, redis_service
 
-PROMETHEUS = "/usr/bin/prometheus"
-REDIS = "/usr/bin/redis-server"
-
-
-def _wait(pred: object, timeout: float, what: str) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:
-            if pred():  # type: ignore[operator]
-                return
-        except Exception:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"{what} did not come up within {timeout}s")
-
-
-class Proc:
-    """A child process we started, stopped by its own PID."""
-
-    def __init__(self, argv: list[str], log: Path, cwd: Path) -> None:
-        self.argv, self.log, self.cwd = argv, log, cwd
-        self.p: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        with open(self.log, "ab") as out:
-            self.p = subprocess.Popen(self.argv, stdout=out, stderr=subprocess.STDOUT, cwd=self.cwd)
-
-    def stop(self) -> None:
-        if self.p is not None and self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(15)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(5)
-        self.p = None
-
-    def kill(self) -> None:
-        if self.p is not None and self.p.poll() is None:
-            self.p.kill()
-            self.p.wait(5)
-        self.p = None
-
-
-class Redis(Proc):
-    """redis-server on a free loopback port with an append-only file (survives restarts)."""
-
-    def __init__(self, tmp: Path) -> None:
-        self.port = free_port()
-        d = tmp / "redis"
-        d.mkdir(exist_ok=True)
-        super().__init__([REDIS, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(d),
-                          "--appendonly", "yes", "--appendfsync", "always", "--save", "",
-                          "--protected-mode", "no"], tmp / "redis.log", d)
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        super().start()
-        import redis as redis_lib
-        _wait(lambda: redis_lib.Redis(port=self.port, socket_timeout=1).ping(), 20, "redis-server")
-
-
-class Prometheus(Proc):
-    """/usr/bin/prometheus on a free loopback port scraping ``targets`` every ``interval``."""
-
-    def __init__(self, tmp: Path, targets: Iterable[str], interval: str = "200ms") -> None:
-        self.port = free_port()
-        d = tmp / "prom"
-        d.mkdir(exist_ok=True)
-        cfg = d / "prometheus.yml"
-        tl = ", ".join(f'"{t}"' for t in targets)
-        cfg.write_text(
-            f"global:\n  scrape_interval: {interval}\n  scrape_timeout: {interval}\n  evaluation_interval: 1s\n"
-            "scrape_configs:\n  - job_name: failslow\n    honor_labels: true\n"
-            f"    static_configs:\n      - targets: [{tl}]\n")
-        super().__init__([PROMETHEUS, f"--config.file={cfg}", f"--storage.tsdb.path={d / 'data'}",
-                          f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"],
-                         tmp / "prometheus.log", d)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self) -> None:
-        super().start()
-        _wait(lambda: requests.get(f"{self.url}/-/ready", timeout=1).status_code == 200, 30, "prometheus")
+__all__ = ["Endpoint", "FakeJob", "detector_service", "free_port", "prometheus_service", "redis_service"]
 
 
 @dataclass(eq=False)  # hashable by identity: the registry keys collectors
@@ -229,11 +137,3 @@ class Endpoint:
     def close(self) -> None:
         self._stop.set()
         self.server.shutdown()
-
-
-def env_without_proxy() -> dict[str, str]:
-    env = dict(os.environ)
-    for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"):
-        env.pop(k, None)
-    env["NO_PROXY"] = "127.0.0.1,localhost"
-    return env
