@@ -85,7 +85,7 @@ def _suspects(doc: list[dict[str, Any]]) -> tuple[Suspect, ...]:
     return tuple(Suspect(s.get("kind", ""), s.get("rank"), s.get("node", "")) for s in doc)
 
 
-def _named(suspects: tuple[Suspect, ...], nodes: Sequence[str]) -> tuple[Suspect, ...]:
+def named_suspects(suspects: tuple[Suspect, ...], nodes: Sequence[str]) -> tuple[Suspect, ...]:
     """Suspects with their node as the adapter names it: an exporter labels a node by its index in the job
     (``FAILSLOW_NODE_ID``, ``SLURM_NODEID``, ``GROUP_RANK``) when the launcher gives one, so a label that is
     not a node name but an index into `nodes` becomes that node's name."""
@@ -119,7 +119,7 @@ def healthy_window(onset: float, last_closed: dict[str, Any] | None) -> tuple[fl
     return end, end - start
 
 
-def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: PaceModel | None,
+def topology_options(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: PaceModel | None,
               pace: float | None, validated: dict[str, Any] | None = None,
               healthy: float | None = None, rebalance: bool = False,
               known_paths: Sequence[Sequence[Any]] = ()) -> tuple[TopologyOption, ...]:
@@ -153,7 +153,7 @@ def _topology(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: Pac
                 slow_links[key] = min(float(share), slow_links.get(key, 1.0))
         if not slow_ranks and not slow_links:
             return ()
-        params = _placement_params(info, validated)
+        params = placement_params(info, validated)
         plan = plan_topology(layout, info.placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
                              iteration_s=pace, healthy_s=None if slow_ranks else healthy,
                              rebalance=rebalance and bool(info.microbatches))
@@ -186,7 +186,7 @@ def _cleared(ev: dict[str, Any], verdict: bool | None) -> frozenset[str]:
     return frozenset(str(n) for n in targets["nodes"] if n not in convicted)
 
 
-def _standing(suspects: tuple[Suspect, ...], ev: dict[str, Any], verdict: bool | None) -> tuple[Suspect, ...]:
+def standing_suspects(suspects: tuple[Suspect, ...], ev: dict[str, Any], verdict: bool | None) -> tuple[Suspect, ...]:
     """The suspects less the ranks the event's compute validation benchmarked and cleared (while its verdict
     stands): a restart does not move a rank whose device measured healthy."""
     found = ev.get("validated_links") or {}
@@ -197,7 +197,7 @@ def _standing(suspects: tuple[Suspect, ...], ev: dict[str, Any], verdict: bool |
     return tuple(s for s in suspects if not (s.kind == "compute" and s.rank in cleared))
 
 
-def _placement_params(info: JobInfo, validated: dict[str, Any] | None) -> PlacementParams:
+def placement_params(info: JobInfo, validated: dict[str, Any] | None) -> PlacementParams:
     """The S3 planner's traffic model for this job: its micro-batch split, the bytes it moves (when the adapter
     knows them) and the link bandwidth a validation measured on the healthy links; the defaults otherwise."""
     kw: dict[str, Any] = {}
@@ -495,8 +495,8 @@ class Remediator:
             actions_last_hour=await self.store.started_since(job, now - 3600.0),
         )
         if adapter is not None and info is not None and "topology" in view.capabilities:
-            found = _named(_suspects(ev.get("suspects") or []) if suspects is None else suspects, info.nodes)
-            view = replace(view, topology=await asyncio.to_thread(_topology, job, info, found, model, pace,
+            found = named_suspects(_suspects(ev.get("suspects") or []) if suspects is None else suspects, info.nodes)
+            view = replace(view, topology=await asyncio.to_thread(topology_options, job, info, found, model, pace,
                                                                   ev.get("validated_links"), healthy,
                                                                   "rebalance" in view.capabilities,
                                                                   memory.get("slow_paths") or ()))
@@ -534,10 +534,10 @@ class Remediator:
             if fresh is not None and any(fresh.get(k) != ev.get(k) for k in ("validated", "validated_links")):
                 self.kick(job)
                 return Decision("ignore", "a validation's verdict landed during planning: planning again", wait=True)
-        suspects = _named(_suspects(ev.get("suspects") or []), view.nodes)
+        suspects = named_suspects(_suspects(ev.get("suspects") or []), view.nodes)
         verdict = verdict_for(ev.get("validated"), ev.get("validated_targets"), suspects)
         ev_view = EventView(job=job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
-                            suspects=_standing(suspects, ev, verdict), lost_s=float(upd["lost_s"]), validated=verdict,
+                            suspects=standing_suspects(suspects, ev, verdict), lost_s=float(upd["lost_s"]), validated=verdict,
                             cleared=_cleared(ev, verdict), actions=_past(actions, not self.auto))
         memory = await self.store.job_memory(job)
         view = replace(view, ineffective=frozenset(s for s, u in (memory.get("ineffective") or {}).items() if u > now))
@@ -860,7 +860,7 @@ class Remediator:
         suspects = _suspects([s.model_dump() for s in req.suspects]) if req.suspects else \
             _suspects(ev.get("suspects") or [])
         view, upd, costs, actions, adapter = await self._inputs(ev, now, suspects)
-        suspects = _named(suspects, view.nodes)
+        suspects = named_suspects(suspects, view.nodes)
         ev_view = EventView(job=req.job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
                             suspects=suspects, lost_s=float(upd["lost_s"]),
                             validated=verdict_for(ev.get("validated"), ev.get("validated_targets"), suspects),

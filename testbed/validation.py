@@ -364,7 +364,7 @@ def validate_compute(tb: Testbed, ranks: Sequence[int], peers: Sequence[int] | N
             "cleared": list(verdict.cleared), "peers": prs, "ranks": per_rank}
 
 
-def _node_rings(tb: Testbed, groups: Sequence[Sequence[int]]) -> list[list[int]]:
+def node_rings(tb: Testbed, groups: Sequence[Sequence[int]]) -> list[list[int]]:
     rings: list[list[int]] = []
     for g in groups:
         nodes: list[int] = []
@@ -377,7 +377,7 @@ def _node_rings(tb: Testbed, groups: Sequence[Sequence[int]]) -> list[list[int]]
     return rings
 
 
-def _rounds(schedules: list[LinkSchedule]) -> list[list[tuple[int, int]]]:
+def merge_rounds(schedules: list[LinkSchedule]) -> list[list[tuple[int, int]]]:
     """Disjoint schedules side by side; overlapping ones after each other."""
     batches: list[list[LinkSchedule]] = []
     for s in schedules:
@@ -417,9 +417,9 @@ def validate_links(tb: Testbed, nodes: Sequence[int] | None = None, ranks: Seque
         comm = [int(n) for n in nodes]
         rings = [comm]
     elif ranks is not None:
-        rings = _node_rings(tb, [_ranks(tb, list(ranks), "validate_links ranks")])
+        rings = node_rings(tb, [_ranks(tb, list(ranks), "validate_links ranks")])
     else:
-        rings = _node_rings(tb, tb.layout.groups("dp"))
+        rings = node_rings(tb, tb.layout.groups("dp"))
     if not rings or any(len(r) < 2 for r in rings):
         raise InputError("validate_links needs a communicator spanning at least 2 nodes")
     first_rank: dict[int, int] = {}
@@ -431,7 +431,7 @@ def validate_links(tb: Testbed, nodes: Sequence[int] | None = None, ranks: Seque
             raise InputError(f"nodes {empty} hold no rank of this job (0..{tb.num_nodes - 1} with ranks: "
                              f"{sorted(first_rank)})")
     schedules = [link_schedule(ring, "ring" if topology == "ring" else "tree") for ring in rings]
-    node_rounds = _rounds(schedules)
+    node_rounds = merge_rounds(schedules)
     rank_rounds = [[[first_rank[a], first_rank[b]] for a, b in rnd] for rnd in node_rounds]
     participants = {r for rnd in rank_rounds for pair in rnd for r in pair}
     spec = {"kind": "links", "rounds": rank_rounds, "bytes": int(nbytes)}

@@ -266,7 +266,7 @@ class Adapter:
             # every node holding ranks in one ring (2-3 rounds whatever its size), ordered DP group by DP
             # group so that every DP link (the heavy traffic) is a ring edge, and each node also gets a link
             # to another group: a slow NIC slows both its links, a congested path only its own
-            ring = _dp_ring(Layout.from_mapping(before["layout"]), list(before["placement"]))
+            ring = dp_ring(Layout.from_mapping(before["layout"]), list(before["placement"]))
             answers["links"] = self._request("validate_links", _vid(request.id, "links"), nodes=ring,
                                              suspects=[names.index(n) for n in suspects])
         return _validation_outcome(suspects, answers)
@@ -313,7 +313,7 @@ class Adapter:
         return _validation_outcome(suspects, answers)
 
 
-def _dp_ring(layout: Layout, placement: list[int]) -> list[int]:
+def dp_ring(layout: Layout, placement: list[int]) -> list[int]:
     """The job's nodes, each once, in the order of the DP groups' members (see :meth:`TestbedAdapter._validate`)."""
     ring: list[int] = []
     for group in layout.groups("dp"):
@@ -338,7 +338,7 @@ def _validate_params(p: Mapping[str, Any]) -> tuple[list[int], list[str]]:
     return ranks, suspects
 
 
-def _slow_paths(links: Mapping[str, Any]) -> list[list[Any]]:
+def paths_of_slow_links(links: Mapping[str, Any]) -> list[list[Any]]:
     """Slow links that no named node explains: ``[node a, node b, bandwidth share left]`` (a congested path
     between two healthy NICs, which the S3 planner can move out of the heavy traffic)."""
     named = {int(n) for n in links.get("nodes") or []}
@@ -366,7 +366,7 @@ def _validation_outcome(suspects: list[str], answers: Mapping[str, Any]) -> Acti
         result["cleared_nodes"] = [n for n in suspects if n not in named]
         result["links"] = {k: links.get(k) for k in ("verdict", "links", "rounds", "slow_links", "pause_s",
                                                       "at_iteration")}
-        result["paths"] = _slow_paths(links)
+        result["paths"] = paths_of_slow_links(links)
         ref = (links.get("verdict") or {}).get("reference_bandwidth_Bps")
         if ref:  # what a healthy link of this cluster carries: the S3 planner's link bandwidth
             result["link_bw_Bps"] = float(ref)

@@ -152,9 +152,9 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
         specs += net_ring
     t = time.monotonic()
     doc["started"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    cpu0 = _proc_stat()
+    cpu0 = proc_stat()
     jobs = run_pool(specs)
-    doc["host"] = _host_share(cpu0, _proc_stat())
+    doc["host"] = host_share(cpu0, proc_stat())
     doc["finished"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     log(f"{len(specs)} runs in {time.monotonic() - t:.0f}s; host during the sweep: "
         + ", ".join(f"{k} {v:.1%}" for k, v in doc["host"].items()))
@@ -175,13 +175,13 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
             continue
         if spec.arch == "net-ring":
             ring = doc.setdefault("net", {}).setdefault("ring", {})
-            ring[str(spec.workers)] = pool_net_ring(ring.get(str(spec.workers)), _net_ring(job))
+            ring[str(spec.workers)] = pool_net_ring(ring.get(str(spec.workers)), net_ring_table(job))
             continue
         if spec.arch == "net-ps":
-            doc.setdefault("net", {}).setdefault("ps", {})[str(spec.workers)] = _net_ps(job)
+            doc.setdefault("net", {}).setdefault("ps", {})[str(spec.workers)] = net_ps_table(job)
             continue
         samples.setdefault((spec.arch, spec.workers), []).append(throughput(job))
-        details.setdefault((spec.arch, spec.workers), []).append(_detail(job))
+        details.setdefault((spec.arch, spec.workers), []).append(job_detail(job))
         if local:
             around.setdefault((spec.arch, spec.workers), []).append([len(lites) - 1])
             last_run = (spec.arch, spec.workers)
@@ -203,14 +203,14 @@ def sweep(base: RunSpec, archs: Sequence[str], workers: Sequence[int], *, profil
     return doc
 
 
-def _proc_stat() -> list[int]:
+def proc_stat() -> list[int]:
     """The machine's cumulative CPU ticks (user, nice, system, idle, iowait, irq, softirq, steal)."""
     with open("/proc/stat") as f:
         return [int(x) for x in f.readline().split()[1:9]]
 
 
-def _host_share(before: list[int], after: list[int]) -> dict[str, float]:
-    """What the machine's CPUs did between two `_proc_stat` readings: busy, idle and stolen shares.
+def host_share(before: list[int], after: list[int]) -> dict[str, float]:
+    """What the machine's CPUs did between two `proc_stat` readings: busy, idle and stolen shares.
 
     Recorded with every sweep so that its spread can be read against the hypervisor's steal and the
     load it ran under (our own capped processes are at most 1.4 of the 2 CPUs, i.e. 70 % busy).
@@ -221,7 +221,7 @@ def _host_share(before: list[int], after: list[int]) -> dict[str, float]:
     return {"busy": (total - idle - d[7]) / total, "idle": idle / total, "steal": d[7] / total}
 
 
-def _net_ring(job: dict[str, Any]) -> dict[str, Any]:
+def net_ring_table(job: dict[str, Any]) -> dict[str, Any]:
     """All-reduce microbenchmark of one K: per round, the slowest member's time (when the step ends)."""
     per_rank = [r["allreduce_s"] for r in job["ranks"].values()]
     rounds = [max(ts) for ts in zip(*per_rank, strict=True)]
@@ -247,7 +247,7 @@ def _net_ring(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def pool_net_ring(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
-    """One K's all-reduce microbenchmark slices (`_net_ring`) as one table: rounds appended, medians
+    """One K's all-reduce microbenchmark slices (`net_ring_table`) as one table: rounds appended, medians
     over all of them; ``slices`` counts the slices pooled."""
     if old is None:
         return {**new, "slices": 1}
@@ -266,7 +266,7 @@ def pool_net_ring(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, 
     return out
 
 
-def _net_ps(job: dict[str, Any]) -> dict[str, Any]:
+def net_ps_table(job: dict[str, Any]) -> dict[str, Any]:
     """Fan-out/fan-in microbenchmark of one K: per round, the sorted completion times from the start."""
     ranks = job["ranks"]
     k = job["spec"]["workers"]
@@ -304,7 +304,7 @@ def ring_net_fit(net_ring: dict[str, Any], nominal: float, key: str = "pure_medi
     """One ring hop's payload rate and latency from the all-reduce microbenchmark at every K.
 
     Least squares of t(K) = 2(K−1)·M/(K·B_ring) + 2(K−1)·α_ring over the collective's own time (last
-    entry to last exit, `_net_ring`), K = 2…8: the per-hop cost as gloo really pays it at each ring
+    entry to last exit, `net_ring_table`), K = 2…8: the per-hop cost as gloo really pays it at each ring
     size, instead of extrapolating a 2-rank calibration (whose intercept also held entry skew).
     None when fewer than two K were measured. `key` picks the column: ``stagger_pure_median_s`` fits the
     same hop to the rounds whose members each computed one step before entering.
@@ -373,7 +373,7 @@ def combine(docs: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _detail(job: dict[str, Any]) -> dict[str, Any]:
+def job_detail(job: dict[str, Any]) -> dict[str, Any]:
     """The per-rank timings worth keeping (diagnostics for the docs), compactly."""
     out: dict[str, Any] = {}
     for rank, r in job["ranks"].items():

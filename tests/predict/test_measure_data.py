@@ -8,17 +8,17 @@ import pytest
 from failslow.predict import parse_profile, predict
 from failslow.predict.profile import profile_to_doc
 from testbed.dparch.measure import (
-    _host_share,
-    _net_ps,
-    _net_ring,
-    _proc_stat,
     combine,
+    host_share,
     merge_profiles,
+    net_ps_table,
+    net_ring_table,
     pool_net_ring,
+    proc_stat,
     ring_net_fit,
 )
 from testbed.dparch.run import RunError, profile_doc, whole_steps
-from tests.predict.conftest import make_profile
+from tests.predict.profiles import job_doc, make_profile, raw_profile_job
 
 
 def _prof_doc(scale: float) -> dict:
@@ -72,17 +72,13 @@ def test_combine_keeps_each_holds_profile_for_its_architectures() -> None:
         combine([])
 
 
-def _job(arch: str, k: int, ranks: dict) -> dict:
-    return {"spec": {"arch": arch, "workers": k, "width": 4, "depth": 1, "classes": 2}, "ranks": ranks}
-
-
 def test_network_microbenchmark_tables() -> None:
-    ring = _net_ring(_job("net-ring", 2, {"0": {"allreduce_s": [0.1, 0.3, 0.2]},
+    ring = net_ring_table(job_doc("net-ring", 2, {"0": {"allreduce_s": [0.1, 0.3, 0.2]},
                                           "1": {"allreduce_s": [0.15, 0.1, 0.2]}}))
     assert ring["allreduce_s"] == [0.15, 0.3, 0.2]  # the slowest member of each round
     assert ring["median_s"] == pytest.approx(0.2)
     assert ring["bytes"] == 4 * (4 * 4 + 4 + 4 * 2 + 2)
-    ps = _net_ps(_job("net-ps", 2, {
+    ps = net_ps_table(job_doc("net-ps", 2, {
         "0": {"fanout_start": [10.0, 20.0], "fanin_done": [[31.0, 30.5], [41.0, 41.5]]},
         "1": {"fanout_done": [10.5, 20.4], "fanin_start": [30.0, 40.0]},
         "2": {"fanout_done": [10.2, 20.6], "fanin_start": [30.1, 40.1]},
@@ -94,9 +90,9 @@ def test_network_microbenchmark_tables() -> None:
 
 def test_ring_microbenchmark_takes_out_entry_skew_and_fits_one_hop() -> None:
     # Member 1 enters 30 ms late; the collective itself then takes 50 ms for both.
-    job = _job("net-ring", 2, {"0": {"allreduce_s": [0.08], "start": [1.00], "end": [1.08]},
+    job = job_doc("net-ring", 2, {"0": {"allreduce_s": [0.08], "start": [1.00], "end": [1.08]},
                                "1": {"allreduce_s": [0.05], "start": [1.03], "end": [1.08]}})
-    assert _net_ring(job)["pure_median_s"] == pytest.approx(0.05)
+    assert net_ring_table(job)["pure_median_s"] == pytest.approx(0.05)
     m, b, alpha = 1_330_000, 20e6, 0.002
     table = {str(k): {"bytes": m, "pure_median_s": 2 * (k - 1) * (m / (k * b) + alpha)} for k in range(2, 9)}
     fit = ring_net_fit(table, 25e6)
@@ -108,9 +104,9 @@ def test_ring_microbenchmark_takes_out_entry_skew_and_fits_one_hop() -> None:
 
 def test_ring_microbenchmark_slices_pool_their_rounds() -> None:
     # Two slices of one K, the second with a slow round: medians over all rounds, not of the slices.
-    first = _net_ring(_job("net-ring", 2, {"0": {"allreduce_s": [0.05, 0.06], "start": [1.0, 2.0], "end": [1.05, 2.06]},
+    first = net_ring_table(job_doc("net-ring", 2, {"0": {"allreduce_s": [0.05, 0.06], "start": [1.0, 2.0], "end": [1.05, 2.06]},
                                            "1": {"allreduce_s": [0.05, 0.06], "start": [1.0, 2.0], "end": [1.05, 2.06]}}))
-    second = _net_ring(_job("net-ring", 2, {"0": {"allreduce_s": [0.07, 0.30], "start": [3.0, 4.0], "end": [3.07, 4.3]},
+    second = net_ring_table(job_doc("net-ring", 2, {"0": {"allreduce_s": [0.07, 0.30], "start": [3.0, 4.0], "end": [3.07, 4.3]},
                                             "1": {"allreduce_s": [0.07, 0.30], "start": [3.0, 4.0], "end": [3.07, 4.3]}}))
     one = pool_net_ring(None, first)
     assert one["slices"] == 1 and one["pure_median_s"] == pytest.approx(0.055)
@@ -134,25 +130,8 @@ def test_whole_steps_put_every_stall_of_a_step_into_its_layers() -> None:
         whole_steps(fwd, bwd, [0.1])
 
 
-def _raw_profile_job(walls: float) -> dict:
-    """A finished ``profile`` job as the trainer writes it (two layers, three steps per phase)."""
-    f = [[0.01, 0.02]] * 3
-    b = [[0.03, 0.02]] * 3
-    raw = {"forward_s": f, "backward_s": b, "step_wall_s": [walls] * 3, "update_s": [0.002] * 3,
-           "accumulate_s": [0.0005] * 3, "compute_cpu_s": [0.01] * 3, "param_bytes": [4000, 40],
-           "names": ["Linear+ReLU", "Linear"],
-           "idle_forward_s": f, "idle_backward_s": b, "idle_step_wall_s": [walls * 0.9] * 3,
-           "net_forward_s": f, "net_backward_s": b, "net_step_wall_s": [walls * 1.1] * 3,
-           "ring_forward_s": f, "ring_backward_s": b, "ring_step_wall_s": [walls * 1.2] * 3,
-           "calibration": {"4": [0.001] * 3, "400": [0.002] * 3, "4000": [0.004] * 3},
-           "allreduce_calibration": {"400": [0.002] * 3, "4000": [0.005] * 3}}
-    spec = {"rate": "200mbit", "batch_size": 512, "cpu_cap": 0.156, "cpu_period_us": 10000, "width": 256,
-            "depth": 5, "classes": 10}
-    return {"spec": spec, "ranks": {"0": raw}}
-
-
 def test_profile_doc_steps_add_up_to_the_measured_steps_and_ps_workers_use_after_transfer_ones() -> None:
-    doc = profile_doc(_raw_profile_job(0.1))
+    doc = profile_doc(raw_profile_job(0.1))
     p = parse_profile(doc)
     upd = 0.002
     # Back to back: samples + update = the loop's measured step.
@@ -167,7 +146,7 @@ def test_profile_doc_steps_add_up_to_the_measured_steps_and_ps_workers_use_after
     # Round trip keeps the after-transfer samples; merging keeps them too.
     q = parse_profile(profile_to_doc(p))
     np.testing.assert_allclose(q.net_step_forward_s, p.net_step_forward_s)
-    merged = parse_profile(merge_profiles([doc, profile_doc(_raw_profile_job(0.1))]))
+    merged = parse_profile(merge_profiles([doc, profile_doc(raw_profile_job(0.1))]))
     assert merged.net_step_forward_s.shape == (6, 2) and merged.ring_step_forward_s.shape == (6, 2)
     np.testing.assert_allclose(q.ring_step_forward_s, p.ring_step_forward_s)
     # A lone ring worker runs back to back, the ring's K > 1 after all-reduces, a PS worker after a transfer.
@@ -183,6 +162,6 @@ def test_profile_doc_steps_add_up_to_the_measured_steps_and_ps_workers_use_after
 def test_host_share_reads_busy_idle_and_steal() -> None:
     before = [100, 0, 50, 800, 50, 0, 0, 0]
     after = [300, 0, 100, 1400, 50, 0, 0, 150]  # +250 busy, +600 idle, +150 steal of 1000
-    assert _host_share(before, after) == pytest.approx({"busy": 0.25, "idle": 0.6, "steal": 0.15})
-    now = _proc_stat()
+    assert host_share(before, after) == pytest.approx({"busy": 0.25, "idle": 0.6, "steal": 0.15})
+    now = proc_stat()
     assert len(now) == 8 and all(x >= 0 for x in now)

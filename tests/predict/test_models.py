@@ -20,7 +20,7 @@ from failslow.predict.coarse import (
 from failslow.predict.des import simulate
 from failslow.predict.mva import Station, mva_exact, mva_schweitzer, mva_single_class
 from failslow.predict.profile import Profile
-from tests.predict.conftest import make_profile
+from tests.predict.profiles import make_profile
 
 # make_profile(): F = 0.12 s, B = 0.12 s, M = 2.1 MB, B_eff = 9.5 MB/s, α = 2 ms, update 5 ms, accumulate 1 ms
 F, BW, M_BYTES, ALPHA = 0.12, 9.5e6, 2.1e6, 0.002

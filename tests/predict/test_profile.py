@@ -10,7 +10,7 @@ import pytest
 
 from failslow.errors import InputError
 from failslow.predict.profile import parse_profile, parse_rate, profile_to_doc, read_profile
-from tests.predict.conftest import make_profile
+from tests.predict.profiles import make_profile
 
 
 @pytest.mark.parametrize(("text", "bytes_per_s"), [

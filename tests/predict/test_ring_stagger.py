@@ -11,9 +11,8 @@ from failslow.errors import InputError
 from failslow.predict import parse_profile, predict
 from failslow.predict.coarse import ring_step_time
 from failslow.predict.profile import Profile, profile_to_doc
-from testbed.dparch.measure import _detail, _net_ring, finish_profile, ring_net_fit
-from tests.predict.conftest import make_profile
-from tests.predict.test_measure_data import _job
+from testbed.dparch.measure import finish_profile, job_detail, net_ring_table, ring_net_fit
+from tests.predict.profiles import job_doc, make_profile
 
 M = 1_330_000
 
@@ -26,19 +25,19 @@ def _ring_profile(**kw: float | None) -> Profile:
 
 def test_staggered_rounds_are_timed_from_the_last_entry_and_their_skew_kept() -> None:
     # Round 1: member 1 computes 30 ms longer and enters last; the collective then takes 40 ms.
-    job = _job("net-ring", 2, {
+    job = job_doc("net-ring", 2, {
         "0": {"allreduce_s": [0.05], "start": [1.0], "end": [1.05],
               "stagger_start": [2.00, 3.00], "stagger_end": [2.07, 3.06]},
         "1": {"allreduce_s": [0.05], "start": [1.0], "end": [1.05],
               "stagger_start": [2.03, 3.01], "stagger_end": [2.07, 3.06]},
     })
-    out = _net_ring(job)
+    out = net_ring_table(job)
     assert out["stagger_pure_s"] == pytest.approx([0.04, 0.05])
     assert out["stagger_pure_median_s"] == pytest.approx(0.045)
     assert out["stagger_entry_skew_s"] == pytest.approx([0.015, 0.005])
     # Without staggered rounds (older sweeps) the table is as before.
     del job["ranks"]["0"]["stagger_start"], job["ranks"]["1"]["stagger_start"]
-    assert "stagger_pure_median_s" not in _net_ring(job)
+    assert "stagger_pure_median_s" not in net_ring_table(job)
 
 
 def test_staggered_hop_is_fitted_over_k_into_the_profile() -> None:
@@ -106,7 +105,7 @@ def test_staggered_hop_is_a_what_if_and_predict_keeps_the_simultaneous_one() -> 
 def test_run_detail_keeps_every_steps_phases_on_the_shared_clock() -> None:
     job = {"ranks": {"0": {"phases_s": [(0.1, 0.05, 0.001), (0.11, 0.04, 0.002)], "step_end_s": [5.0, 5.2],
                            "compute_cpu_s": [0.01, 0.02]}}}
-    d = _detail(job)["0"]
+    d = job_detail(job)["0"]
     assert d["steps_s"] == [[5.0, 0.1, 0.05, 0.001], [5.2, 0.11, 0.04, 0.002]]
     ends = np.array([s[0] for s in d["steps_s"]])
     assert np.all(np.diff(ends) > 0)

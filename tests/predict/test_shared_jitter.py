@@ -14,8 +14,7 @@ from failslow.predict.des import simulate
 from failslow.predict.profile import profile_to_doc
 from testbed.dparch.measure import merge_profiles
 from testbed.dparch.run import profile_doc
-from tests.predict.conftest import make_profile
-from tests.predict.test_measure_data import _raw_profile_job
+from tests.predict.profiles import make_profile, raw_profile_job
 
 SAMPLES = np.random.default_rng(3).lognormal(np.log(0.09), 0.2, size=200)
 
@@ -125,7 +124,7 @@ def test_peer_steps_parse_round_trip_and_must_be_paired() -> None:
 
 
 def test_profiling_job_keeps_the_peers_ring_steps_and_merging_scales_them_with_the_run() -> None:
-    job = _raw_profile_job(0.1)
+    job = raw_profile_job(0.1)
     job["ranks"]["1"] = {"ring_peer_step_wall_s": [0.11, 0.13, 0.12]}
     job["ranks"]["0"]["ring_step_wall_s"] = [0.12, 0.14, 0.125]
     doc = profile_doc(job)
@@ -142,6 +141,6 @@ def test_profiling_job_keeps_the_peers_ring_steps_and_merging_scales_them_with_t
     assert peer.shape == (6,)
     np.testing.assert_allclose(peer[3:], peer[:3], rtol=1e-9)
     # A profiling run without the peer's steps (older trainer): merged without them.
-    old = profile_doc(_raw_profile_job(0.1))
+    old = profile_doc(raw_profile_job(0.1))
     assert "ring_peer_step_s" not in old["steps"]
     assert "ring_peer_step_s" not in merge_profiles([doc, old])["steps"]

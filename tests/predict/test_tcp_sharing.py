@@ -9,7 +9,7 @@ from failslow.errors import InputError
 from failslow.predict import predict, simulate
 from failslow.predict.des import fan_completion, fit_sharing_sigma, weighted_share
 from failslow.predict.profile import parse_profile, profile_to_doc
-from tests.predict.conftest import make_profile
+from tests.predict.profiles import make_profile
 
 
 def test_weighted_share_is_proportional_and_respects_the_cap() -> None:

@@ -63,33 +63,33 @@ def test_validate_needs_suspects(run: Path) -> None:
 
 
 def test_slow_links_no_named_node_explains_are_paths() -> None:
-    from remediator.adapters.testbed import _slow_paths
+    from remediator.adapters.testbed import paths_of_slow_links
 
     ev = [{"a": 0, "b": 1, "slow": True, "bandwidth_ratio": 0.002},
           {"a": 1, "b": 2, "slow": False, "bandwidth_ratio": 0.97},
           {"a": 2, "b": 3, "slow": True, "bandwidth_ratio": 0.1},
           {"a": 3, "b": 0, "slow": True, "bandwidth_ratio": 0.1}]
     # node 3 is convicted (both its links slow): its links are its NIC, not paths; 0-1 is a path
-    assert _slow_paths({"nodes": [3], "verdict": {"links": ev}}) == [["node0", "node1", 0.002]]
-    assert _slow_paths({"nodes": [], "verdict": {"links": ev[:2]}}) == [["node0", "node1", 0.002]]
-    assert _slow_paths({"nodes": [], "verdict": {}}) == []
+    assert paths_of_slow_links({"nodes": [3], "verdict": {"links": ev}}) == [["node0", "node1", 0.002]]
+    assert paths_of_slow_links({"nodes": [], "verdict": {"links": ev[:2]}}) == [["node0", "node1", 0.002]]
+    assert paths_of_slow_links({"nodes": [], "verdict": {}}) == []
 
 
 def test_link_ring_makes_every_dp_link_an_edge() -> None:
     from failslow.plan.validate import ring_edges
     from failslow.topology import Layout
-    from remediator.adapters.testbed import _dp_ring
+    from remediator.adapters.testbed import dp_ring
 
     def edges(ring: list[int]) -> set[frozenset[int]]:
         return {frozenset(e) for e in ring_edges(ring)}
 
     lay = Layout(dp=2, pp=2, ranks_per_node=1)
     for placement in ([0, 1, 2, 3], [0, 2, 1, 3], [3, 1, 0, 2]):
-        ring = _dp_ring(lay, placement)
+        ring = dp_ring(lay, placement)
         assert sorted(ring) == [0, 1, 2, 3]
         dp_links = {frozenset((placement[g[0]], placement[g[1]])) for g in lay.groups("dp")}
         assert dp_links <= edges(ring), (placement, ring)
     # two ranks per node: each node once, DP4 ring over 4 nodes
     lay = Layout(dp=4, pp=2, ranks_per_node=2)
-    ring = _dp_ring(lay, [0, 1, 2, 3, 0, 1, 2, 3])
+    ring = dp_ring(lay, [0, 1, 2, 3, 0, 1, 2, 3])
     assert ring == [0, 1, 2, 3]

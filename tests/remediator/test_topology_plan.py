@@ -4,21 +4,21 @@ from __future__ import annotations
 
 from failslow.plan.policy import Suspect
 from remediator.adapters.base import JobInfo
-from remediator.service import _topology
+from remediator.service import topology_options
 
 
 def test_link_suspect_on_a_shaped_job_yields_options_and_bad_shapes_yield_none() -> None:
     info = JobInfo(layout={"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 2}, placement=[0, 1, 0, 1],
                    nodes=["a", "b"], microbatches=[4, 4])
     # two nodes, each a DP replica's pipeline: both nodes' units are alike, so a swap gains nothing
-    assert _topology("j", info, (Suspect("link", None, "b"),), None, 2.0) == ()
+    assert topology_options("j", info, (Suspect("link", None, "b"),), None, 2.0) == ()
     info = JobInfo(layout={"dp": 1, "pp": 4, "tp": 2, "ranks_per_node": 1}, placement=list(range(8)),
                    nodes=[f"n{i}" for i in range(8)], microbatches=[8])
-    opts = _topology("j", info, (Suspect("compute", 0), Suspect("compute", 5)), None, 3.0)
+    opts = topology_options("j", info, (Suspect("compute", 0), Suspect("compute", 5)), None, 3.0)
     assert opts and opts[0].predicted_s < 3.0 and sorted(opts[0].placement) == list(range(8))
-    assert _topology("j", info, (), None, 3.0) == ()
+    assert topology_options("j", info, (), None, 3.0) == ()
     bad = JobInfo(layout={"dp": 2, "pp": 2}, placement=[0, 1, 2], nodes=["a"], microbatches=[4, 4])
-    assert _topology("j", bad, (Suspect("compute", 0),), None, 3.0) == ()  # InputError: logged, no options
+    assert topology_options("j", bad, (Suspect("compute", 0),), None, 3.0) == ()  # InputError: logged, no options
 
 
 def test_validated_paths_replace_the_nic_guess_and_move_the_path() -> None:
@@ -27,52 +27,52 @@ def test_validated_paths_replace_the_nic_guess_and_move_the_path() -> None:
                    nodes=["node0", "node1", "node2", "node3"], microbatches=[4, 4])
     link = (Suspect("link", None, "node1"),)
     # the detector's NIC suspect: node 1's NIC carries its replica's all-reduce wherever it goes
-    assert _topology("j", info, link, None, 2.0) == ()
+    assert topology_options("j", info, link, None, 2.0) == ()
     # validation cleared node 1's NIC and found the path 0-1 at 5%: moving it out of the DP rings pays
-    opts = _topology("j", info, link, None, 2.0, {"nodes": [], "paths": [["node0", "node1", 0.05]]})
+    opts = topology_options("j", info, link, None, 2.0, {"nodes": [], "paths": [["node0", "node1", 0.05]]})
     assert opts and opts[0].predicted_s < 0.8 * 2.0
     chosen = opts[0].placement
     stage0 = {chosen[0], chosen[1]}  # the nodes now holding stage 0's DP peers
     stage1 = {chosen[2], chosen[3]}
     assert {0, 1} not in (stage0, stage1), chosen  # nodes 0 and 1 no longer share a DP ring
     # a validation that convicted the NIC itself keeps the NIC suspect (and still refuses)
-    assert _topology("j", info, link, None, 2.0, {"nodes": ["node1"], "paths": []}) == ()
+    assert topology_options("j", info, link, None, 2.0, {"nodes": ["node1"], "paths": []}) == ()
 
 
 def test_node_indices_from_the_exporter_become_the_adapters_node_names() -> None:
-    from remediator.service import _named
+    from remediator.service import named_suspects
 
     nodes = ("node0", "node1", "node2")
     sus = (Suspect("link", None, "1"), Suspect("link", None, "node2"), Suspect("compute", 3, "7"),
            Suspect("compute", 0, ""))
-    assert _named(sus, nodes) == (Suspect("link", None, "node1"), Suspect("link", None, "node2"),
+    assert named_suspects(sus, nodes) == (Suspect("link", None, "node1"), Suspect("link", None, "node2"),
                                   Suspect("compute", 3, "7"), Suspect("compute", 0, ""))
     # a node literally named by a number keeps its name
-    assert _named((Suspect("link", None, "1"),), ("0", "1")) == (Suspect("link", None, "1"),)
+    assert named_suspects((Suspect("link", None, "1"),), ("0", "1")) == (Suspect("link", None, "1"),)
 
 
 def test_the_jobs_traffic_and_the_measured_link_bandwidth_drive_the_prediction() -> None:
-    from remediator.service import _placement_params
+    from remediator.service import placement_params
 
     # the testbed's model: ~3.7 MB of gradient per stage, links of ~2 GB/s, path 0-1 at 0.06%
     info = JobInfo(layout={"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 1}, placement=[0, 1, 2, 3],
                    nodes=["node0", "node1", "node2", "node3"], microbatches=[4, 4],
                    traffic={"grad_bytes": [3.7e6, 3.6e6], "p2p_bytes": 393216})
     found = {"nodes": [], "paths": [["node0", "node1", 0.0006]], "link_bw_Bps": 2.0e9}
-    p = _placement_params(info, found)
+    p = placement_params(info, found)
     assert p.grad_bytes == (3.7e6, 3.6e6) and p.p2p_bytes == 393216.0 and p.link_bw == 2.0e9
     assert p.microbatches == (4, 4)
     # 4.2 s with the path in stage 0's gradient ring (the all-reduce alone takes ~3 s at 1.2 MB/s)
-    opts = _topology("j", info, (Suspect("link", None, "node0"),), None, 4.2, found)
+    opts = topology_options("j", info, (Suspect("link", None, "node0"),), None, 4.2, found)
     assert opts
     # away from the ring the iteration is the compute left after the calibration: well under a second, and
     # not the ~0 the default 7B traffic model gives (its all-reduce alone would exceed the measured time)
     assert 0.5 < opts[0].predicted_s < 1.5, opts[0]
-    default = _topology("j", JobInfo(**{**info.__dict__, "traffic": {}}), (Suspect("link", None, "node0"),), None,
+    default = topology_options("j", JobInfo(**{**info.__dict__, "traffic": {}}), (Suspect("link", None, "node0"),), None,
                         4.2, {**found, "link_bw_Bps": None})
     assert default and default[0].predicted_s < 0.1
     # calibrated on the healthy pace instead (0.378 s before the onset): the move is predicted to restore it
-    opts = _topology("j", info, (Suspect("link", None, "node0"),), None, 4.2, found, 0.378)
+    opts = topology_options("j", info, (Suspect("link", None, "node0"),), None, 4.2, found, 0.378)
     assert opts and abs(opts[0].predicted_s - 0.378) < 0.01, opts[0]
 
 
@@ -85,8 +85,8 @@ def test_slow_gpus_in_both_replicas_are_gathered_with_the_split_the_move_needs()
                    nodes=["node0", "node1", "node2", "node3"], microbatches=[4, 4])
     sus = (Suspect("compute", 1), Suspect("compute", 2))
     # every replica is slow and stays slow under any placement with the even split: no move pays
-    assert _topology("j", info, sus, None, 2.0, None, 1.0) == ()
-    opts = _topology("j", info, sus, None, 2.0, None, 1.0, rebalance=True)
+    assert topology_options("j", info, sus, None, 2.0, None, 1.0) == ()
+    opts = topology_options("j", info, sus, None, 2.0, None, 1.0, rebalance=True)
     assert opts and opts[0].counts is not None and sum(opts[0].counts) == 8
     best = opts[0]
     nodes_of_slow = {1, 2}  # the slow GPUs stay with their nodes: both must now serve one replica
@@ -102,15 +102,15 @@ def test_slow_gpus_in_both_replicas_are_gathered_with_the_split_the_move_needs()
 
 
 def test_ranks_a_compute_validation_cleared_are_no_longer_suspects() -> None:
-    from remediator.service import _standing
+    from remediator.service import standing_suspects
 
     sus = (Suspect("compute", 1), Suspect("compute", 2), Suspect("compute", 3), Suspect("link", None, "node0"))
     ev = {"validated_targets": {"ranks": [1, 2, 3], "nodes": []},
           "validated_links": {"nodes": [], "paths": [], "ranks": [1, 2]}}
-    assert _standing(sus, ev, True) == (Suspect("compute", 1), Suspect("compute", 2), Suspect("link", None, "node0"))
-    assert _standing(sus, ev, None) == sus  # no standing verdict: as named
+    assert standing_suspects(sus, ev, True) == (Suspect("compute", 1), Suspect("compute", 2), Suspect("link", None, "node0"))
+    assert standing_suspects(sus, ev, None) == sus  # no standing verdict: as named
     # a verdict stored before confirmed ranks were kept: nothing is dropped
-    assert _standing(sus, {**ev, "validated_links": {"nodes": [], "paths": []}}, True) == sus
+    assert standing_suspects(sus, {**ev, "validated_links": {"nodes": [], "paths": []}}, True) == sus
 
 
 def test_a_later_move_keeps_traffic_off_a_path_an_earlier_validation_found_slow() -> None:
@@ -127,7 +127,7 @@ def test_a_later_move_keeps_traffic_off_a_path_an_earlier_validation_found_slow(
         """Node pairs that carry traffic: DP peers (rank = stage * 2 + replica) and pipeline hops."""
         return {frozenset((p[0], p[1])), frozenset((p[2], p[3])), frozenset((p[0], p[2])), frozenset((p[1], p[3]))}
 
-    blind = _topology("j", info, sus, None, 2.0, None, 1.0, rebalance=True)
+    blind = topology_options("j", info, sus, None, 2.0, None, 1.0, rebalance=True)
     assert blind and frozenset((0, 1)) in pairs(blind[0].placement)  # what a planner that forgot would do
-    for opt in _topology("j", info, sus, None, 2.0, None, 1.0, rebalance=True, known_paths=known):
+    for opt in topology_options("j", info, sus, None, 2.0, None, 1.0, rebalance=True, known_paths=known):
         assert frozenset((0, 1)) not in pairs(opt.placement), opt

@@ -10,7 +10,7 @@ import pytest
 from failslow.errors import InputError
 from failslow.plan.validate import ring_schedule
 from failslow.topology import Layout
-from testbed.validation import _node_rings, _rounds, default_peers
+from testbed.validation import default_peers, merge_rounds, node_rings
 
 
 def _job(dp: int, pp: int, tp: int = 1, placement: list[int] | None = None) -> Any:
@@ -31,9 +31,9 @@ def test_default_peers_same_stage_other_replica_each_once() -> None:
 
 def test_dp_rings_of_nodes_and_rounds() -> None:
     tb = _job(dp=2, pp=2, tp=2)  # TP pairs share a node: the DP rings cross nodes 0-1 and 2-3
-    rings = _node_rings(tb, tb.layout.groups("dp"))
+    rings = node_rings(tb, tb.layout.groups("dp"))
     assert rings == [[0, 1], [2, 3]]
-    assert _rounds([ring_schedule(r) for r in rings]) == [[(0, 1), (2, 3)]]
+    assert merge_rounds([ring_schedule(r) for r in rings]) == [[(0, 1), (2, 3)]]
     # overlapping communicators run one after the other
-    rounds = _rounds([ring_schedule([0, 1, 2, 3]), ring_schedule([1, 3])])
+    rounds = merge_rounds([ring_schedule([0, 1, 2, 3]), ring_schedule([1, 3])])
     assert rounds == [[(0, 1), (2, 3)], [(1, 2), (3, 0)], [(1, 3)]]
