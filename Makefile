@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: bootstrap test demo bench lint shim clean cleanup
+.PHONY: bootstrap test unit demo bench lint shim clean cleanup
 
 bootstrap:
 	@bash scripts/bootstrap.sh
@@ -17,6 +17,10 @@ test: bootstrap
 	$(VENV)/bin/mypy
 	@if [ -f shim/Makefile ]; then $(MAKE) -s -C shim test; fi
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The fast run: every test but those that start real processes (tests/integration/), on two workers.
+unit: bootstrap
+	$(PY) -m pytest -q -m "not integration" -n 2 $(PYTEST_ARGS)
 
 demo: bootstrap
 	$(VENV)/bin/failslow demo

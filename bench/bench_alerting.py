@@ -6,7 +6,7 @@ Alertmanager on loopback:
 1. Alert chain alone: a stand-in detector endpoint (prometheus-client) flips `failslow_detector_failslow`
    to 1 for several jobs at staggered times; measured: flip -> FailSlowDetected at a real HTTP receiver.
    Compared with the budget the settings imply (scrape + evaluation + for + group_wait).
-2. Whole path on the testbed (tests/alerting/alerting_path.py, the integration test's harness): a
+2. Whole path on the testbed (failslow_cli/stack/alert_path.py, the harness the loop test shares): a
    0.4 s pause every iteration on one rank of a DP2xPP2 job -> exporter -> Prometheus -> detector -> Alertmanager -> webhook.
 """
 

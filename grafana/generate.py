@@ -2,7 +2,7 @@
 
 Edit this file, then run `python grafana/generate.py` to rewrite the JSON (the JSON is committed so that
 Grafana's file provisioning picks it up as is); `python grafana/generate.py --check` exits 1 when the
-committed JSON is stale. tests/alerting/test_dashboards.py checks the structure and runs every panel
+committed JSON is stale. tests/integration/test_dashboards.py checks the structure and runs every panel
 query against a real Prometheus.
 """
 

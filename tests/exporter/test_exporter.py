@@ -5,18 +5,14 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
-import sys
 import textwrap
-import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 from exporter_ringdata import golden_rings
-from prometheus_client.parser import text_string_to_metric_families
+from scrape import families, value
 
 from exporter.collector import CollectorSet
 from exporter.collectors.nvml import NvmlCollector
@@ -34,20 +30,6 @@ WHATIF = textwrap.dedent("""\
     failslow_whatif_worker_slowdown_ratio{job="gpt-a",dp_rank="0",pp_rank="1"} 1.18
     failslow_whatif_worker_slowdown_ratio{job="gpt-a",dp_rank="1",pp_rank="1"} 1.01
     """)
-
-
-def _families(text: str) -> dict[str, list]:
-    out: dict[str, list] = {}
-    for f in text_string_to_metric_families(text):
-        out.setdefault(f.name, []).extend(f.samples)
-    return out
-
-
-def _value(samples: list, name: str | None = None, **labels: str) -> float:
-    hits = [s.value for s in samples if all(s.labels.get(k) == v for k, v in labels.items())
-            and (name is None or s.name == name)]
-    assert len(hits) == 1, (labels, hits)
-    return float(hits[0])
 
 
 def _golden_exporter(tmp_path: Path) -> tuple[Exporter, FakeGpuBackend]:
@@ -88,7 +70,7 @@ def test_golden_exposition_and_promtool(tmp_path: Path) -> None:
 
 def test_golden_content_is_right(tmp_path: Path) -> None:
     exp, _ = _golden_exporter(tmp_path)
-    fams = _families(exp.render().decode())
+    fams = families(exp.render().decode())
     cat = by_name()
     for name in fams:
         # the parser names counter families without their _total suffix
@@ -96,25 +78,25 @@ def test_golden_content_is_right(tmp_path: Path) -> None:
     it = fams["failslow_iteration_duration_seconds"]
     # stage 0 and stage 1 of pipeline dp=0, and the DP-only job whose layout is inferred (dp=2)
     for rank, dp, pp, node in (("0", "0", "0", "0"), ("2", "0", "1", "1")):
-        v = _value(it, job="gpt-a", rank=rank, dp_rank=dp, pp_rank=pp, tp_rank="0", node=node)
+        v = value(it, job="gpt-a", rank=rank, dp_rank=dp, pp_rank=pp, tp_rank="0", node=node)
         assert 0.1 < v < 0.2  # 4 micro-batches of ~30 ms plus the optimizer
-    v = _value(it, job="bert-b", rank="1", dp_rank="1", pp_rank="0", tp_rank="0", node="n0")
+    v = value(it, job="bert-b", rank="1", dp_rank="1", pp_rank="0", tp_rank="0", node="n0")
     assert abs(v - 0.14) < 0.01
     period = fams["failslow_iteration_period_calls"]
-    assert _value(period, job="gpt-a", rank="0") == 9  # 4 sends + 4 recvs + the DP all-reduce
-    assert _value(period, job="bert-b", rank="1") == 4  # 3 buckets + the loss all-reduce
-    assert _value(fams["failslow_iterations"], job="bert-b", rank="1") >= 27
+    assert value(period, job="gpt-a", rank="0") == 9  # 4 sends + 4 recvs + the DP all-reduce
+    assert value(period, job="bert-b", rank="1") == 4  # 3 buckets + the loss all-reduce
+    assert value(fams["failslow_iterations"], job="bert-b", rank="1") >= 27
     info = fams["failslow_comm_info"]
-    assert _value(info, job="gpt-a", rank="0", comm="0000000000000101") == 1
+    assert value(info, job="gpt-a", rank="0", comm="0000000000000101") == 1
     assert {s.labels["group"] for s in info if s.labels["job"] == "gpt-a"} == {"dp", "world"}
     gpu = fams["failslow_gpu_clock_event_active"]
-    assert _value(gpu, gpu="1", reason="hw_thermal_slowdown") == 1
-    assert _value(gpu, gpu="0", reason="hw_thermal_slowdown") == 0
-    assert _value(fams["failslow_gpu_xid_errors"], gpu="1") == 1
-    assert _value(fams["failslow_gpu_last_xid"], gpu="1") == 79
-    assert _value(fams["failslow_whatif_worker_slowdown_ratio"], dp_rank="0", pp_rank="1") == 1.18
+    assert value(gpu, gpu="1", reason="hw_thermal_slowdown") == 1
+    assert value(gpu, gpu="0", reason="hw_thermal_slowdown") == 0
+    assert value(fams["failslow_gpu_xid_errors"], gpu="1") == 1
+    assert value(fams["failslow_gpu_last_xid"], gpu="1") == 79
+    assert value(fams["failslow_whatif_worker_slowdown_ratio"], dp_rank="0", pp_rank="1") == 1.18
     ok = fams["failslow_exporter_collector_success"]
-    assert [_value(ok, collector=c) for c in ("ring", "nvml", "textfile")] == [1, 1, 1]
+    assert [value(ok, collector=c) for c in ("ring", "nvml", "textfile")] == [1, 1, 1]
 
 
 def test_nvml_without_gpu_reports_failure_and_nothing_breaks(tmp_path: Path) -> None:
@@ -148,106 +130,6 @@ def test_textfile_bad_file_is_skipped_and_reported(tmp_path: Path) -> None:
     assert fams["failslow_exporter_collector_success"].samples[0].value == 0.0
 
 
-_PRODUCER = textwrap.dedent("""\
-    import sys, time
-    from failslow.record import RingWriter, Op, Flag
-    d, rank = sys.argv[1], int(sys.argv[2])
-    w = RingWriter.create(directory=d, job="live", rank=rank, world_size=2, layout={"dp": 2, "pp": 1, "tp": 1})
-    print("ready", flush=True)
-    i = 0
-    while True:
-        # one iteration: 30 ms compute then two bucket all-reduces of different sizes
-        time.sleep(0.03)
-        for b in (1 << 20, 1 << 19):
-            t0 = time.monotonic_ns()
-            t1 = t0 + 200_000
-            w.append(Op.ALLREDUCE, 7, 2, rank, -1, b // 4, b, 7, t0, t0, t1, int(Flag.HOST_TIMES))
-        i += 1
-    """)
-
-
-def _get(url: str) -> str:
-    with urllib.request.urlopen(url, timeout=10) as r:
-        return r.read().decode()
-
-
-def test_live_processes_over_http(tmp_path: Path) -> None:
-    """Real producer processes come and go; the exporter follows them and drops the dead one's series."""
-    rings = tmp_path / "rings"
-    rings.mkdir()
-    s = Settings(port=0, address="127.0.0.1", ring_dir=rings, node="n0", scan_interval_s=0.2,
-                 collectors=("ring",))
-    exp = Exporter(s)
-    port = exp.start()
-    procs = []
-    try:
-        for rank in (0, 1):
-            p = subprocess.Popen([sys.executable, "-c", _PRODUCER, str(rings), str(rank)], stdout=subprocess.PIPE,
-                                 text=True)
-            procs.append(p)
-            assert p.stdout is not None and p.stdout.readline().strip() == "ready"
-        deadline = time.monotonic() + 60
-        fams: dict[str, list] = {}
-        while time.monotonic() < deadline:
-            fams = _families(_get(f"http://127.0.0.1:{port}/metrics"))
-            ranks = {smp.labels["rank"] for smp in fams.get("failslow_iteration_duration_seconds", [])}
-            if ranks == {"0", "1"}:
-                break
-            time.sleep(0.3)
-        it = fams["failslow_iteration_duration_seconds"]
-        for rank in ("0", "1"):
-            v = _value(it, job="live", rank=rank, dp_rank=rank, pp_rank="0", tp_rank="0")
-            assert 0.025 < v < 0.5  # ~30 ms sleeps; a loaded machine only makes them longer
-            assert _value(fams["failslow_iteration_period_calls"], job="live", rank=rank) == 2
-        last = _value(fams["failslow_last_iteration_timestamp_seconds"], job="live", rank="0")
-        assert abs(last - time.time()) < 30
-        procs[1].kill()
-        procs[1].wait(timeout=10)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            fams = _families(_get(f"http://127.0.0.1:{port}/metrics"))
-            ranks = {smp.labels["rank"] for smp in fams.get("failslow_iterations", [])}
-            if ranks == {"0"}:
-                break
-            time.sleep(0.3)
-        assert ranks == {"0"}
-        assert _value(fams["failslow_exporter_rings"], producer="python") == 1
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait(timeout=10)
-        exp.stop()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_python_m_exporter_reads_env_settings(tmp_path: Path) -> None:
-    port = _free_port()
-    env = {**os.environ, "FAILSLOW_EXPORTER_PORT": str(port), "FAILSLOW_EXPORTER_ADDRESS": "127.0.0.1",
-           "FAILSLOW_EXPORTER_RING_DIR": str(tmp_path), "FAILSLOW_EXPORTER_FAKE_GPUS": "3",
-           "FAILSLOW_EXPORTER_NODE": "envnode"}
-    p = subprocess.Popen([sys.executable, "-m", "exporter"], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    try:
-        assert p.stdout is not None
-        seen = []
-        for line in p.stdout:  # log lines first, then the serving line
-            seen.append(line)
-            if "/metrics" in line:
-                break
-        assert f":{port}/metrics" in seen[-1], seen
-        fams = _families(_get(f"http://127.0.0.1:{port}/metrics"))
-        assert {s.labels["gpu"] for s in fams["failslow_gpu_sm_clock_hertz"]} == {"0", "1", "2"}
-        assert {s.labels["node"] for s in fams["failslow_gpu_sm_clock_hertz"]} == {"envnode"}
-    finally:
-        p.terminate()
-        assert p.wait(timeout=20) == 0  # SIGTERM is a clean shutdown
-
-
 @pytest.mark.parametrize("args, message", [
     (["--port", "-5"], "port"),
     (["--window", "0"], "window"),
@@ -270,10 +152,10 @@ def test_cli_once_prints_a_scrape(tmp_path: Path, failslow_cmd: list[str]) -> No
     p = subprocess.run([*failslow_cmd, "exporter", "--once", "--ring-dir", str(tmp_path), "--fake-gpus", "1",
                         "--node", "x"], capture_output=True, text=True, timeout=60, check=False)
     assert p.returncode == 0, p.stderr
-    fams = _families(p.stdout)
+    fams = families(p.stdout)
     # the golden rings' producers (fictitious pids) are not running: their series are not served
     assert "failslow_iteration_duration_seconds" not in fams or not fams["failslow_iteration_duration_seconds"]
-    assert _value(fams["failslow_gpu_sm_clock_hertz"], gpu="0") == 1.98e9
+    assert value(fams["failslow_gpu_sm_clock_hertz"], gpu="0") == 1.98e9
 
 
 def test_settings_are_built_once_and_passed_down(tmp_path: Path) -> None:
@@ -303,7 +185,7 @@ def test_two_rings_of_one_rank_and_unknown_ranks_keep_series_unique(tmp_path: Pa
     p = subprocess.run(["promtool", "check", "metrics"], input=text, capture_output=True, text=True, timeout=60,
                        check=False)
     assert p.returncode == 0, p.stdout + p.stderr  # no duplicate series
-    fams = _families(text)
+    fams = families(text)
     assert {s.labels["rank"] for s in fams["failslow_iterations"]} == {"0", "pid-5003", "pid-5004"}
     calls = fams["failslow_comm_calls"]
     assert {s.labels["comm"] for s in calls if s.labels["job"] == "dup"} == {"0000000000000101",

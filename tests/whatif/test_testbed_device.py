@@ -3,7 +3,7 @@
 `--device-speed` paces each rank's compute ops to CPU time / speed; `--cpu-cap` caps every rank's
 cgroup; a CPU fault lowers one rank's quota and must put the base cap back when it ends (not lift
 every limit). The job test (a real capped job whose CPU fault puts the base cap back) is in
-tests/testbed/test_testbed_run.py beside the other real jobs.
+tests/integration/test_testbed_run.py beside the other real jobs.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ from failslow_cli.stack.processes import AMTOOL, require_binary
 from remediator.config import read_config
 from remediator.settings import Settings
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO / "docker-compose.yml"
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -228,7 +228,7 @@ def compose_alertmanager_text() -> str:
     assert shipped.count(f"url: {url}") == 1, "alertmanager.yml: the webhook URL should appear exactly once"
     head = ("# GENERATED from alertmanager/alertmanager.yml for docker-compose.yml; do not edit. Identical but for\n"
             "# the remediator webhook, which in compose is the remediator service instead of 127.0.0.1. After a\n"
-            "# change to the shipped file: FAILSLOW_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/test_compose.py\n"
+            "# change to the shipped file: FAILSLOW_REGEN_GOLDEN=1 .venv/bin/python -m pytest -q tests/integration/test_compose.py\n"
             "#\n")
     return head + shipped.replace(f"url: {url}", f"url: {new}")
 
