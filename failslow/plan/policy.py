@@ -247,6 +247,17 @@ def _gate(c: Candidate, pace: float | None, healthy: float | None, remaining_s: 
                    why=f"predicted {c.predicted_s:.3f} s vs {pace:.3f} s now, saving {saving:.1f} s > cost {c.cost_s:.1f} s")
 
 
+def moved_since_validation(actions: Sequence[PastAction]) -> bool:
+    """Whether a placement change (S3 or S4) ended after the event's last validation that ended."""
+    def last(strategies: tuple[str, ...]) -> float | None:
+        ends = [a.ended_at for a in actions if a.strategy in strategies and a.state == "succeeded"
+                and not a.dry_run and a.ended_at is not None]
+        return max(ends) if ends else None
+
+    moved, checked = last(("topology", "restart")), last(("validate",))
+    return moved is not None and (checked is None or checked < moved)
+
+
 def validation_targets(suspects: Sequence[Suspect]) -> dict[str, list[Any]]:
     """What a validation of `suspects` measures: the compute of the suspect ranks, the links of the link
     suspects' nodes."""
@@ -349,6 +360,10 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
         if job.actions_last_hour >= policy.max_actions_per_hour:
             return Decision("ignore", f"cap: {job.actions_last_hour} actions in the last hour", wait=True)
 
+    if event.validated is not None and moved_since_validation(event.actions):
+        # the verdict was measured on the placement before a move: the suspects may sit elsewhere now (after
+        # an S4 the suspect rank runs on the spare), so what it confirmed is confirmed no longer
+        event = replace(event, validated=None)
     done = {a.strategy for a in event.actions if a.dry_run or a.state == "rejected"}
     ineffective = set(job.ineffective) | {a.key for a in event.actions if a.effective is False}
     applied = {a.strategy for a in event.actions if a.state == "succeeded" and not a.dry_run}

@@ -225,6 +225,28 @@ def test_a_restart_after_a_rebalance_resumes_with_the_jobs_own_split() -> None:
         assert plain.chosen is not None and "counts" not in plain.chosen.params
 
 
+def test_a_verdict_from_before_a_move_does_not_license_another_restart() -> None:
+    """After an S4 the suspect rank runs on the spare: the event still names it, so the restart candidate now
+    excludes the spare. The validation that licensed the first restart measured the old placement; the
+    planner must measure again before a second one (the compound run restarted twice without this)."""
+    pol = Policy(approval=frozenset())
+    validated = PastAction("validate", "succeeded", ended_at=100.0, params={"ranks": [1], "nodes": []})
+    restarted = PastAction("restart", "succeeded", ended_at=200.0, params={"exclude_nodes": ["n1"]})
+    on_spare = job(now=1300.0, placement=(0, 4, 2, 3), nodes=("n0", "n1", "n2", "n3", "n4"), pace_s=0.62)
+    ev = event(lost_s=800.0, validated=True, actions=(validated, restarted))
+    d = decide(ev, on_spare, COSTS, pol)
+    assert d.strategy == "validate" and d.chosen is not None and d.chosen.params["ranks"] == [1]
+    # a validation after the move that finds the rank healthy on the spare: no second restart
+    cleared = replace(ev, validated=False, actions=(validated, restarted, replace(validated, ended_at=260.0)))
+    after = decide(cleared, on_spare, COSTS, pol)
+    assert after.strategy != "restart"
+    # one that finds it still slow there: the restart may go ahead, off the spare
+    again = decide(replace(cleared, validated=True), on_spare, COSTS, pol)
+    assert again.strategy == "restart" and again.chosen is not None and again.chosen.params["exclude_nodes"] == ["n4"]
+    # without the move in between, the earlier verdict stands
+    assert decide(replace(ev, actions=(validated,)), job(), COSTS, pol).strategy != "validate"
+
+
 def test_rejected_strategy_is_not_planned_again_in_the_event() -> None:
     ev = event(suspects=(Suspect("link", None, "n2"),), lost_s=500.0, validated=True,
                actions=(PastAction("restart", "rejected", ended_at=100.0),))
