@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -110,11 +109,10 @@ def _shm() -> str | None:
 def run() -> str:
     """Run the two-rank benchmark and return its Markdown section."""
     from bench._report import machine
+    from failslow_cli.stack.processes import free_port
 
     with tempfile.TemporaryDirectory(prefix="bench-torchhook-", dir=_shm()) as tmp:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         outfile = Path(tmp) / "out.json"
         procs = []
         for r in range(WS):

@@ -7,7 +7,7 @@ from typing import Any
 
 from failslow_cli.stack.fake_cluster import JobSeries, fake_cluster_prometheus, wait_for_series
 
-__all__ = ["JobSeries", "body", "fake_cluster_prometheus", "get_json", "notification", "wait_for", "wait_for_series"]
+__all__ = ["JobSeries", "body", "fake_cluster_prometheus", "get_json", "notification", "wait_for_series"]
 
 
 def notification(job: str, alerts: list[dict[str, Any]], status: str | None = None) -> dict[str, Any]:
@@ -38,15 +38,3 @@ def get_json(url: str, path: str, token: str) -> Any:
 
     return requests.get(url + path, headers={"Authorization": f"Bearer {token}"}, timeout=10).json()
 
-
-def wait_for(pred: Any, timeout: float, what: str, every: float = 0.3) -> Any:
-    """Poll `pred()` until it returns something truthy (returned) or fail after `timeout` seconds."""
-    import time
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(every)
-    raise AssertionError(f"{what} not reached within {timeout} s")

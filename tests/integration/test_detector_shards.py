@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -37,6 +37,7 @@ from failslow.detect import JobEvent
 from failslow_cli.stack import processes
 from failslow_cli.stack.processes import Service, failslow_cli, free_port
 from tests.integration.detector_stack import Endpoint, FakeJob, detector_service, redis_service
+from tests.integration.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -47,6 +48,8 @@ JOBS = {0: ["llm-a", "vision(c)", 'q"f\\g'], 1: ["llm.b+1", "rl|d", "t5*"]}
 SLOW = {0: "vision(c)", 1: "rl|d"}
 
 Metrics = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+# What the waits below poll may not answer yet (a replica starting, Prometheus busy): "not yet", not a failure.
+UNANSWERED = (requests.RequestException,)
 
 
 def scrape(port: int) -> Metrics:
@@ -72,20 +75,6 @@ def watching(r: Replica, series: float = 12.0) -> Metrics | None:
 
 def verdict(r: Replica, job: str) -> float | None:
     return value(r.metrics(), "failslow_detector_failslow", job=job)
-
-
-def wait_for(what: str, pred: Callable[[], Any], timeout: float = 60.0) -> Any:
-    end = time.monotonic() + timeout
-    while True:
-        try:
-            got = pred()
-        except requests.RequestException:
-            got = None
-        if got:
-            return got
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 @dataclass
@@ -152,7 +141,8 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
 
     # Each replica watches exactly its own three jobs (4 ranks each), and nothing of the other's.
     for r in (r0, r1):
-        m = wait_for(f"replica {r.index} to watch its jobs", partial(watching, r))
+        m = wait_for(partial(watching, r), 60, f"replica {r.index} to watch its jobs",
+                     every=0.1, ignore=UNANSWERED)
         assert jobs_exported(m) == set(JOBS[r.index])
         assert value(m, "failslow_detector_jobs") == 3.0
         assert value(m, "failslow_detector_shard") == float(r.index)
@@ -162,8 +152,8 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
     for name in SLOW.values():
         jobs[name].slow_rank = 3
     for r in (r0, r1):
-        wait_for(f"replica {r.index} to detect {SLOW[r.index]}", partial(lambda r, job: verdict(r, job) == 1.0, r,
-                                                                          SLOW[r.index]))
+        wait_for(partial(lambda r, job: verdict(r, job) == 1.0, r, SLOW[r.index]), 60,
+                 f"replica {r.index} to detect {SLOW[r.index]}", every=0.1, ignore=UNANSWERED)
     m0, m1 = r0.metrics(), r1.metrics()
     onset = {0: value(m0, "failslow_detector_onset_timestamp_seconds", job=SLOW[0]),
              1: value(m1, "failslow_detector_onset_timestamp_seconds", job=SLOW[1])}
@@ -182,19 +172,21 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
         return got if sorted(s["metric"]["job"] for s in got) == sorted(jobs) and slow == sorted(SLOW.values()) \
             else None
 
-    for s in wait_for("Prometheus to hold every job's verdict once, the slow ones at 1", verdicts):
+    for s in wait_for(verdicts, 60, "Prometheus to hold every job's verdict once, the slow ones at 1",
+                      every=0.1, ignore=UNANSWERED):
         lab = s["metric"]
         assert port_of[lab["instance"]] == int(lab["prom_shard"]) == hashmod(lab["job"], 2), lab
     # The shipped FailSlowDetected rule, evaluated by Prometheus: one alert per slow job (pending for its `for`).
-    alerts = wait_for("FailSlowDetected for both slow jobs", lambda: (got := prom_query(
-        prom, 'ALERTS{alertname="FailSlowDetected"}')) and len(got) >= 2 and got)
+    alerts = wait_for(lambda: (got := prom_query(prom, 'ALERTS{alertname="FailSlowDetected"}')) and len(got) >= 2
+                      and got, 60, "FailSlowDetected for both slow jobs", every=0.1, ignore=UNANSWERED)
     assert sorted(a["metric"]["job"] for a in alerts) == sorted(SLOW.values())
 
     # Replicas never overwrite each other in Redis: a snapshot each, holding only its own jobs; one
     # event hash with both slow jobs' open events.
     rc: Any = redis_lib.Redis.from_url(red.url)
     for i in (0, 1):
-        meta = wait_for(f"snapshot of shard {i}", partial(rc.get, f"{PREFIX}:shard:{i}:snapshot:meta"))
+        meta = wait_for(partial(rc.get, f"{PREFIX}:shard:{i}:snapshot:meta"), 60, f"snapshot of shard {i}",
+                        every=0.1, ignore=UNANSWERED)
         assert sorted({k[0] for k in json.loads(meta)["keys"]}) == sorted(JOBS[i])
     assert rc.get(f"{PREFIX}:snapshot") is None
     stored = {k.decode(): json.loads(v) for k, v in rc.hgetall(f"{PREFIX}:events").items()}
@@ -206,15 +198,17 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
         meta = json.loads(rc.get(f"{PREFIX}:shard:0:snapshot:meta"))
         return int(meta["t"]) if meta["jobs"][SLOW[0]]["open"] else None
 
-    t_open = wait_for("a snapshot of replica 0 with the open event", snapshot_step)
-    wait_for("a later snapshot of replica 0", lambda: (snapshot_step() or 0) >= t_open + 10)
+    t_open = wait_for(snapshot_step, 60, "a snapshot of replica 0 with the open event",
+                      every=0.1, ignore=UNANSWERED)
+    wait_for(lambda: (snapshot_step() or 0) >= t_open + 10, 60, "a later snapshot of replica 0",
+             every=0.1, ignore=UNANSWERED)
     # Replica 1 goes on alone and does not take over replica 0's jobs.
     pid1 = r1.svc.proc.pid
     assert prom_query(prom, 'ALERTS{alertname=~"DetectorShard.*"}') == []
     r0.svc.stop(kill=True)
     # The shipped DetectorShardMissing rule sees shard 0 gone (pending for its `for`); nothing is doubled.
-    missing = wait_for("DetectorShardMissing pending", lambda: prom_query(
-        prom, 'ALERTS{alertname="DetectorShardMissing"}'))
+    missing = wait_for(lambda: prom_query(prom, 'ALERTS{alertname="DetectorShardMissing"}'), 60,
+                       "DetectorShardMissing pending", every=0.1, ignore=UNANSWERED)
     assert [a["metric"]["alertstate"] for a in missing] == ["pending"]
     assert prom_query(prom, 'ALERTS{alertname="DetectorShardDoubled"}') == []
     time.sleep(10 * SCRAPE)
@@ -222,14 +216,15 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
     assert jobs_exported(m1) == set(JOBS[1]) and value(m1, "failslow_detector_series") == 12.0
     # Replica 0 comes back: its open event is neither forgotten nor fired again, and it watches its jobs.
     r0.svc.start()
-    m0 = wait_for("replica 0 to resume its share", partial(watching, r0))
+    m0 = wait_for(partial(watching, r0), 60, "replica 0 to resume its share", every=0.1, ignore=UNANSWERED)
     assert jobs_exported(m0) == set(JOBS[0])
     assert value(m0, "failslow_detector_failslow", job=SLOW[0]) == 1.0
     assert value(m0, "failslow_detector_onset_timestamp_seconds", job=SLOW[0]) == pytest.approx(onset[0])
     assert value(m0, "failslow_detector_events_total", job=SLOW[0]) is None  # nothing opened anew
     assert json.loads(rc.hget(f"{PREFIX}:events", SLOW[0]))["events"] == 1
     assert "state loaded (shard 0 of 2): 12 series, 3 jobs, 1 open events" in r0.svc.log.read_text()
-    wait_for("DetectorShardMissing gone", lambda: prom_query(prom, 'ALERTS{alertname="DetectorShardMissing"}') == [])
+    wait_for(lambda: prom_query(prom, 'ALERTS{alertname="DetectorShardMissing"}') == [], 60,
+             "DetectorShardMissing gone", every=0.1, ignore=UNANSWERED)
 
     # The other replica was not disturbed: same process, same jobs, its event still open and counted once.
     m1 = r1.metrics()
@@ -241,7 +236,8 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
 
     # The restarted replica is detecting, not replaying: the fault ends and it closes the event.
     jobs[SLOW[0]].slow_rank = None
-    wait_for("replica 0 to see the recovery", lambda: verdict(r0, SLOW[0]) == 0.0)
+    wait_for(lambda: verdict(r0, SLOW[0]) == 0.0, 60, "replica 0 to see the recovery",
+             every=0.1, ignore=UNANSWERED)
     assert json.loads(rc.hget(f"{PREFIX}:events", SLOW[0]))["open"] is False
     assert value(r1.metrics(), "failslow_detector_failslow", job=SLOW[1]) == 1.0
     assert len(prom_query(prom, "failslow_detector_failslow")) == len(jobs)

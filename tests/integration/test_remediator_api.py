@@ -22,6 +22,7 @@ from remediator.app import TokenFile, create_app
 from remediator.config import parse_config
 from remediator.service import build_service
 from remediator.settings import Settings
+from tests.integration.polling import wait_for
 from tests.integration.remediator_stack import (
     JobSeries,
     body,
@@ -67,16 +68,6 @@ class Env:
 def env(tmp_path: Path) -> Iterator[Env]:
     with redis_server(tmp_path / "redis", free_port(), persist=True) as r:
         yield Env(tmp_path, r.url)
-
-
-def _wait(pred: Any, timeout: float = 20.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.1)
-    raise AssertionError(f"{what} not reached within {timeout} s")
 
 
 def test_every_post_needs_the_token_and_reads_are_closed_by_default(env: Env) -> None:
@@ -281,8 +272,8 @@ def test_manual_remediate_plans_acts_once_and_retries_safely(env: Env) -> None:
         # a retrying script with the same key gets the same action back
         r3 = c.post("/remediate", json=req, headers={**AUTH, "Idempotency-Key": "k1"})
         assert r3.status_code == 202 and r3.json()["action"]["id"] == action["id"]
-        done = _wait(lambda: (c.get(f"/actions/{action['id']}", headers=AUTH).json()["state"] == "succeeded"), 20,
-                     "the action to finish")
+        done = wait_for(lambda: (c.get(f"/actions/{action['id']}", headers=AUTH).json()["state"] == "succeeded"),
+                        20, "the action to finish", every=0.1)
         assert done
         assert [e["id"] for e in env.executed()] == [action["id"]]  # executed once
         acts = c.get("/actions", headers=AUTH).json()
@@ -316,7 +307,8 @@ def test_restart_waits_for_approval_reject_and_approve(env: Env) -> None:
                    follow_redirects=False)
         assert r.status_code == 303 and r.headers["location"] == "/"
         c.cookies.clear()
-        _wait(lambda: c.get(f"/actions/{a2['id']}", headers=AUTH).json()["state"] == "succeeded", 10, "approved run")
+        wait_for(lambda: c.get(f"/actions/{a2['id']}", headers=AUTH).json()["state"] == "succeeded", 10,
+                 "approved run", every=0.1)
         assert [e["id"] for e in env.executed()] == [a2["id"]]
         got = c.get(f"/actions/{a2['id']}", headers=AUTH).json()
         assert got["approval"]["approved"] and got["approval"]["by"] == "status page"
@@ -340,16 +332,17 @@ def test_the_planner_rebalances_a_slow_replica_from_real_prometheus_data(tmp_pat
         # dry-run: the plan is made and audited, nothing is executed
         with env.app(mode="dry-run", config=cfg, replica="dry") as c:
             c.post("/api/v1/alerts", content=body("llm2", [{**FIRING[0], "fp": "f-llm2"}]), headers=AUTH)
-            plan = _wait(lambda: [a for a in c.get("/actions", headers=AUTH).json() if a["job"] == "llm2"], 30,
-                         "a dry-run plan")[0]
+            plan = wait_for(lambda: [a for a in c.get("/actions", headers=AUTH).json() if a["job"] == "llm2"], 30,
+                            "a dry-run plan", every=0.1)[0]
             assert plan["dry_run"] and plan["state"] == "planned" and plan["strategy"] == "rebalance"
             assert env.executed() == []
         with env.app(mode="auto", config=cfg, replica="auto") as c:
             t0 = time.time()
             c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
             try:
-                act = _wait(lambda: [a for a in c.get("/actions", headers=AUTH).json()
-                                     if a["job"] == "llm1" and a["state"] == "succeeded"], 30, "the rebalance")[0]
+                act = wait_for(lambda: [a for a in c.get("/actions", headers=AUTH).json()
+                                        if a["job"] == "llm1" and a["state"] == "succeeded"], 30, "the rebalance",
+                               every=0.1)[0]
             except AssertionError:
                 raise AssertionError(json.dumps([c.get("/events", headers=AUTH).json(),
                                                  c.get("/actions", headers=AUTH).json()], indent=1)) from None
@@ -362,7 +355,8 @@ def test_the_planner_rebalances_a_slow_replica_from_real_prometheus_data(tmp_pat
             ev = c.get(f"/events/{act['event_id']}", headers=AUTH).json()
             assert ev["level"] == 2 and ev["healthy_s"] and ev["lost_s"] > 0
             # llm1's split and, switched to auto, the one planned dry for llm2
-            _wait(lambda: len([e for e in env.executed() if e["strategy"] == "rebalance"]) == 2, 20, "llm2's split")
+            wait_for(lambda: len([e for e in env.executed() if e["strategy"] == "rebalance"]) == 2, 20,
+                     "llm2's split", every=0.1)
             metrics = c.get("/metrics").text
             assert 'failslow_remediator_actions_total{result="succeeded",strategy="rebalance"} 2.0' in metrics
             assert 'failslow_remediator_decision_latency_seconds_count{strategy="rebalance"} 2.0' in metrics

@@ -25,11 +25,11 @@ from failslow_cli.stack.processes import (
     start_remediator,
     stop_process,
 )
+from tests.integration.polling import wait_for
 from tests.integration.remediator_stack import (
     JobSeries,
     fake_cluster_prometheus,
     get_json,
-    wait_for,
     wait_for_series,
 )
 
@@ -41,10 +41,6 @@ JOB = "llm-ha"
 
 def _get(url: str, path: str) -> Any:
     return get_json(url, path, TOKEN)
-
-
-def _wait(pred: Any, timeout: float, what: str) -> Any:
-    return wait_for(pred, timeout, what, every=0.5)
 
 
 def test_an_ha_pair_delivering_twice_to_two_replicas_acts_once(tmp_path: Path) -> None:
@@ -71,14 +67,14 @@ def test_an_ha_pair_delivering_twice_to_two_replicas_acts_once(tmp_path: Path) -
                     alertmanager(render_alertmanager(tmp_path / "am1", remediator_url=f"{reps[1].url}/api/v1/alerts",
                                                      token=TOKEN), am_ports[1]):
                 # both members deliver FailSlowDetected; one event, one rebalance
-                act = _wait(lambda: [a for a in _get(reps[0].url, "/actions") if a["state"] == "succeeded"], 90,
-                            "the rebalance")[0]
+                act = wait_for(lambda: [a for a in _get(reps[0].url, "/actions") if a["state"] == "succeeded"], 90,
+                               "the rebalance", every=0.5)[0]
                 assert act["strategy"] == "rebalance" and act["params"]["counts"] == [6, 2]
-                audit = _wait(lambda: [x for x in _get(reps[1].url, "/audit?limit=1000") if x["kind"] == "delivery"
-                                       and x["data"].get("status") == "firing"] if {
+                audit = wait_for(lambda: [x for x in _get(reps[1].url, "/audit?limit=1000") if x["kind"] == "delivery"
+                                          and x["data"].get("status") == "firing"] if {
                     x["replica"] for x in _get(reps[1].url, "/audit?limit=1000")
                     if x["kind"] == "delivery" and x["data"].get("status") == "firing"} == {"r0", "r1"} else None,
-                    60, "both members' firing deliveries")
+                    60, "both members' firing deliveries", every=0.5)
                 outcomes = [o for x in audit for o in x["data"]["outcomes"]]
                 assert outcomes.count("accepted") == 1 and "duplicate" in outcomes, outcomes
                 assert all(x["data"]["receiver"] == "remediator" for x in audit)
@@ -89,8 +85,8 @@ def test_an_ha_pair_delivering_twice_to_two_replicas_acts_once(tmp_path: Path) -
                 # the pace is confirmed back
                 cluster.set(JOB, JobSeries({(0, 0): 0.10, (0, 1): 0.10, (1, 0): 0.10, (1, 1): 0.10}, [4, 4],
                                            healthy_s=0.55))
-                ev = _wait(lambda: (e := _get(reps[0].url, f"/events/{events[0]['id']}"))["state"] == "closed" and e,
-                           120, "the event to close")
+                ev = wait_for(lambda: (e := _get(reps[0].url, f"/events/{events[0]['id']}"))["state"] == "closed"
+                              and e, 120, "the event to close", every=0.5)
                 assert "confirmed back" in ev["close_reason"]
                 resolved = [x for x in _get(reps[0].url, "/audit?limit=1000") if x["kind"] == "delivery"
                             and x["data"].get("status") == "resolved"]

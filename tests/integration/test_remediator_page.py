@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +23,11 @@ from PIL import Image
 from failslow_cli.stack.processes import Remediator, free_port, redis_server, start_remediator, stop_process
 from remediator.app import COOKIE
 from tests.integration.cdp_browser import Chromium, Page, group_alive, read_page
+from tests.integration.polling import wait_for
 from tests.integration.remediator_stack import (
     JobSeries,
     body,
     fake_cluster_prometheus,
-    wait_for,
     wait_for_series,
 )
 
@@ -44,10 +44,6 @@ PENDING = (0xFF, 0xF3, 0xCD)  # .state-pending_approval
 SUCCEEDED = (0xE6, 0xF4, 0xEA)  # .state-succeeded
 APPROVE = (0x1A, 0x7F, 0x37)  # .approve button
 REJECT = (0xC6, 0x28, 0x28)  # .reject button
-
-
-def _wait(pred: Callable[[], Any], timeout: float, what: str) -> Any:
-    return wait_for(pred, timeout, what, every=0.1)
 
 
 def _records(path: Path) -> list[dict[str, Any]]:
@@ -177,7 +173,8 @@ def test_status_page_in_a_real_browser(stack: tuple[Remediator, Any, Path], brow
     r = requests.post(rem.url + "/api/v1/alerts", data=body(JOB, [SUSPECT]), headers=rem.headers(), timeout=10)
     assert r.status_code == 200 and r.json()["outcome"] == "accepted", r.text
     (event_id,) = r.json()["events"]
-    reb = _wait(lambda: [x for x in _records(record) if x["strategy"] == "rebalance"], 30, "the planner's rebalance")[0]
+    reb = wait_for(lambda: [x for x in _records(record) if x["strategy"] == "rebalance"], 30,
+                   "the planner's rebalance", every=0.1)[0]
     counts = reb["params"]["counts"]
     assert counts == [6, 2], reb
     cluster.set(JOB, JobSeries(dict(SLOW), counts, onset_ts=time.time() - 300, healthy_s=0.55))
@@ -186,7 +183,7 @@ def test_status_page_in_a_real_browser(stack: tuple[Remediator, Any, Path], brow
         a: dict[str, Any] = rem.get(f"/actions/{reb['id']}")
         return a if (a.get("measured") or {}).get("effective") is not None else None
 
-    rebalance = _wait(judged, 30, "the rebalance's judgement")
+    rebalance = wait_for(judged, 30, "the rebalance's judgement", every=0.1)
     marks["rebalanced and judged"] = time.monotonic() - t0
     assert rebalance["state"] == "succeeded" and rebalance["measured"]["effective"] is True, rebalance
     assert rebalance["predicted"]["pace_before_s"] == pytest.approx(1.35, abs=0.01)
@@ -200,8 +197,8 @@ def test_status_page_in_a_real_browser(stack: tuple[Remediator, Any, Path], brow
     restart = r.json()["action"]
     assert restart["state"] == "pending_approval" and restart["event_id"] == event_id
     # the planner's next pass sees the pending restart (its plan is shown on the page)
-    _wait(lambda: "restart in flight" in (rem.get(f"/events/{event_id}").get("last_decision") or {}).get("reason", ""),
-          10, "the planner to see the pending restart")
+    wait_for(lambda: "restart in flight" in (rem.get(f"/events/{event_id}").get("last_decision") or {}).get(
+        "reason", ""), 10, "the planner to see the pending restart", every=0.1)
 
     # the page as the signed-in browser renders it
     page, status = _load(b, rem.url + "/")
@@ -291,7 +288,7 @@ def test_status_page_in_a_real_browser(stack: tuple[Remediator, Any, Path], brow
         rows = {a.cells[0]: a for a in pg.section("Actions (2)")[1]}
         return pg if rows[restart["id"]].cells[4] == "succeeded" else None
 
-    done = _wait(succeeded, 15, "the approved restart shown succeeded")
+    done = wait_for(succeeded, 15, "the approved restart shown succeeded", every=0.1)
     assert done.section("Pending approvals (0)")[1] == [] and done.notes["Pending approvals (0)"] == "none"
     row = {a.cells[0]: a for a in done.section("Actions (2)")[1]}[restart["id"]]
     assert row.cls == "state-succeeded" and row.cells[11] == "fake restart"

@@ -21,12 +21,12 @@ import pytest
 import requests
 
 from failslow_cli.stack.processes import free_port, redis_server, start_remediator, stop_process
+from tests.integration.polling import wait_for
 from tests.integration.remediator_stack import (
     JobSeries,
     fake_cluster_prometheus,
     get_json,
     notification,
-    wait_for,
     wait_for_series,
 )
 
@@ -78,10 +78,6 @@ def _get(url: str, path: str) -> Any:
     return get_json(url, path, TOKEN)
 
 
-def _wait(pred: Any, timeout: float, what: str) -> Any:
-    return wait_for(pred, timeout, what, every=0.3)
-
-
 def test_replayed_deliveries_kill_and_redis_restart(tmp_path: Path) -> None:
     rport, pa, pb = free_port(), free_port(), free_port()
     record = tmp_path / "executed.jsonl"
@@ -124,7 +120,7 @@ def test_replayed_deliveries_kill_and_redis_restart(tmp_path: Path) -> None:
                 done = [x for x in _get(a.url, "/actions?limit=1000") if x["state"] == "succeeded"]
                 return {x["job"] for x in done} >= set(JOBS)
 
-            _wait(all_rebalanced, 90, "a rebalance for every job")
+            wait_for(all_rebalanced, 90, "a rebalance for every job", every=0.3)
             time.sleep(3)  # ticks of both replicas after it: nothing more may happen
             execs = _executed(record)
             assert Counter(e["job"] for e in execs) == Counter({j: 1 for j in JOBS}), execs
@@ -145,10 +141,11 @@ def test_replayed_deliveries_kill_and_redis_restart(tmp_path: Path) -> None:
             assert r.status_code == 202, r.text
             slow = r.json()["action"]
             assert slow["state"] == "running"
-            _wait(lambda: any(e["id"] == slow["id"] for e in _executed(record)), 10, "the slow action to start")
+            wait_for(lambda: any(e["id"] == slow["id"] for e in _executed(record)), 10, "the slow action to start",
+                     every=0.3)
             stop_process(a.proc, kill=True)
-            done = _wait(lambda: (x := _get(b.url, f"/actions/{slow['id']}"))["state"] != "running" and x, 60,
-                         "the killed replica's action to be recovered")
+            done = wait_for(lambda: (x := _get(b.url, f"/actions/{slow['id']}"))["state"] != "running" and x, 60,
+                            "the killed replica's action to be recovered", every=0.3)
             assert done["state"] == "succeeded" and done["recovered_by"] == "b", done
             assert "recovered" in done["outcome"]["detail"]
             assert [e["id"] for e in _executed(record)].count(slow["id"]) == 1
@@ -163,8 +160,9 @@ def test_replayed_deliveries_kill_and_redis_restart(tmp_path: Path) -> None:
             assert r.status_code == 503
             redis_cm = redis_server(rdir, rport, persist=True)
             redis_cm.__enter__()
-            after = _wait(lambda: _safe(lambda: (_get(b.url, "/events?limit=1000"), _get(b.url, "/actions?limit=1000"),
-                                                 len(_get(b.url, "/audit?limit=10000")))), 30, "the API back")
+            after = wait_for(lambda: (_get(b.url, "/events?limit=1000"), _get(b.url, "/actions?limit=1000"),
+                                      len(_get(b.url, "/audit?limit=10000"))), 30, "the API back", every=0.3,
+                             ignore=(requests.RequestException, ValueError, TypeError))
             assert after[0] == before[0] or _same_ids(after[0], before[0])
             assert _same_ids(after[1], before[1]) and after[2] >= before[2]
             # a replay of everything after the restart: all duplicates, no action
@@ -183,13 +181,6 @@ def test_replayed_deliveries_kill_and_redis_restart(tmp_path: Path) -> None:
                 stop_process(p)
             if redis_cm is not None:
                 redis_cm.__exit__(None, None, None)
-
-
-def _safe(fn: Any) -> Any:
-    try:
-        return fn()
-    except (requests.RequestException, ValueError, TypeError):
-        return None
 
 
 def _same_ids(x: list[dict[str, Any]], y: list[dict[str, Any]]) -> bool:

@@ -11,7 +11,7 @@ beyond being positive (the requeue hold, ``cred_expire``, is 5 s in the test clu
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ from remediator.adapters.slurm import (
     parse_marker,
     reason_names,
 )
+from tests.integration.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -49,16 +50,6 @@ done
 """
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = 30.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 def show_job(cluster: SlurmCluster, job_id: int) -> dict[str, str]:
     return parse_fields(cluster.run("scontrol", "show", "job", "-o", str(job_id)).stdout.splitlines()[0])
 
@@ -77,7 +68,7 @@ def submit(cluster: SlurmCluster, name: str, workdir: Path, *args: str) -> int:
     script = workdir / "train.sh"
     script.write_text(SCRIPT.format(dir=workdir))
     job_id = cluster.sbatch(script, "-J", name, *args)
-    wait_for(f"job {job_id} RUNNING", lambda: show_job(cluster, job_id)["JobState"] == "RUNNING")
+    wait_for(lambda: show_job(cluster, job_id)["JobState"] == "RUNNING", 30, f"job {job_id} RUNNING", every=0.2)
     return job_id
 
 
@@ -119,10 +110,11 @@ class Restarted:
 @pytest.fixture(scope="module")
 def restarted(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> Restarted:
     """The action under test, done once: restart the running job without its last node."""
-    wait_for("all nodes idle", lambda: set(cluster.node_states().values()) == {"idle"})
+    wait_for(lambda: set(cluster.node_states().values()) == {"idle"}, 30, "all nodes idle", every=0.2)
     workdir = tmp_path_factory.mktemp("slurm-job")
     job_id = submit(cluster, JOB, workdir, "--requeue", "-N", "2")
-    wait_for("a few steps", lambda: (workdir / "progress").exists() and len(progress(workdir)) >= 5)
+    wait_for(lambda: (workdir / "progress").exists() and len(progress(workdir)) >= 5, 30, "a few steps",
+             every=0.2)
     adapter = build("slurm", JOB, {"cluster": "test"}, options(cluster))
     assert isinstance(adapter, Adapter)
 
@@ -187,7 +179,7 @@ def test_job_name_matching_nothing_is_a_permanent_error(cluster: SlurmCluster) -
 
 def test_refuses_before_draining_anything(cluster: SlurmCluster, tmp_path: Path) -> None:
     """A job Slurm will not requeue, a node that is not the job's, ranks without a layout: nothing changes."""
-    wait_for("all nodes idle", lambda: set(cluster.node_states().values()) == {"idle"})
+    wait_for(lambda: set(cluster.node_states().values()) == {"idle"}, 30, "all nodes idle", every=0.2)
     job_id = submit(cluster, "pinned", tmp_path, "--no-requeue", "-N", "1")
     node = show_job(cluster, job_id)["NodeList"]
     other = next(n for n in cluster.nodes if n != node)
@@ -211,7 +203,8 @@ def test_refuses_before_draining_anything(cluster: SlurmCluster, tmp_path: Path)
         assert adapter.recover(request) is None
     finally:
         cluster.run("scancel", str(job_id))
-        wait_for("the pinned job to leave", lambda: show_job(cluster, job_id)["JobState"] == "CANCELLED")
+        wait_for(lambda: show_job(cluster, job_id)["JobState"] == "CANCELLED", 30, "the pinned job to leave",
+                 every=0.2)
 
 
 def test_restart_drains_the_node_and_the_job_runs_on_without_it(cluster: SlurmCluster, restarted: Restarted) -> None:
@@ -234,7 +227,8 @@ def test_restart_drains_the_node_and_the_job_runs_on_without_it(cluster: SlurmCl
     assert hostnames(cluster, fields["ExcNodeList"]) == [r.bad] and out.result["excluded"] is True
 
     # the job's own view: restarted once, on the new nodes, continuing from its checkpoint
-    wait_for("steps of the restarted run", lambda: any(row[1] == 1 for row in progress(r.workdir)))
+    wait_for(lambda: any(row[1] == 1 for row in progress(r.workdir)), 30, "steps of the restarted run",
+             every=0.2)
     rows = progress(r.workdir)
     first_run = [row for row in rows if row[1] == 0]
     second_run = [row for row in rows if row[1] == 1]

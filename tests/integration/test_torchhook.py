@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,23 +13,18 @@ import numpy as np
 import pytest
 
 from failslow.record import OP_NAMES, Flag, RingReader, find_rings, read_header
+from failslow_cli.stack.processes import free_port
 
 JOB = Path(__file__).with_name("torchhook_job.py")
 WS = 3  # three processes: groups of 3, 2 (pair) and 1 (odd ranks), p2p in a ring; one torch import each
 ODD = [r for r in range(WS) if r % 2 == 1]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def gloo_job(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     out = tmp_path_factory.mktemp("out")
     rings = tmp_path_factory.mktemp("rings")
-    port = _free_port()
+    port = free_port()
     procs = []
     for r in range(WS):
         env = {**os.environ, "RANK": str(r), "WORLD_SIZE": str(WS), "MASTER_ADDR": "127.0.0.1",

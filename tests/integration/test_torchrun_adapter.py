@@ -16,19 +16,20 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from failslow_cli.stack.processes import free_port
 from remediator.adapters import adapter_class
 from remediator.adapters.base import ActionOutcome, ActionRequest, AdapterError, ConfigError
 from remediator.adapters.torchrun import Adapter, parse_progress, summarise
+from tests.integration.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -39,12 +40,6 @@ TORCHRUN = Path(sys.executable).parent / "torchrun"
 RDZV_CONF = "last_call_timeout=5,keep_alive_interval=1,keep_alive_max_attempt=3"
 AGENT_ENV = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "LOGLEVEL": "INFO", "OMP_NUM_THREADS": "1",
              "PYTHONUNBUFFERED": "1"}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _alive(pid: int) -> bool:
@@ -60,7 +55,7 @@ class Cluster:
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
-        self.port = _free_port()
+        self.port = free_port()
         (run_dir / "agents").mkdir(parents=True)
         (run_dir / "logs").mkdir()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -108,13 +103,6 @@ class Cluster:
         if prog.exists():
             out.append("--- progress (last 8 lines)\n" + "\n".join(prog.read_text().splitlines()[-8:]))
         return "\n".join(out)
-
-    def wait_for(self, what: str, cond: Callable[[], bool], timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while not cond():
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}\n{self.report()}")
-            time.sleep(0.3)
 
     def stop_all(self) -> None:
         """Stop every agent (ours and the adapter's spare), then any worker of this run left behind."""
@@ -231,9 +219,8 @@ def test_restart_excluding_a_node_onto_a_spare_then_without_one(cluster: Cluster
     c.start("n1", host=True)
     c.start("n2", host=False)
     # Both nodes train and a periodic checkpoint (every 10 steps) exists.
-    c.wait_for("n1 and n2 training past step 12",
-               lambda: {r["node"] for r in c.progress() if r["world"] == 2 and r["step"] >= 12} == {"n1", "n2"},
-               timeout=150)
+    wait_for(lambda: {r["node"] for r in c.progress() if r["world"] == 2 and r["step"] >= 12} == {"n1", "n2"},
+             150, "n1 and n2 training past step 12", every=0.3, on_timeout=c.report)
     print(f"job up after {time.monotonic() - t_start:.1f} s")
 
     spare = _options(c, spare_nodes=["n3"], spare_command=c.spare_command(), spare_log="{run_dir}/logs/{spare}.log",
@@ -299,8 +286,8 @@ def test_restart_excluding_a_node_onto_a_spare_then_without_one(cluster: Cluster
     # 2. Exclude n3 with no spare and no checkpoint request: n1 goes on alone, from the periodic checkpoint.
     # This time through a stop command (here one that signals the pid in the node's pid file, as an ssh
     # command would on the node), the pid file telling when the agent is gone.
-    c.wait_for("n1 and n3 past another periodic checkpoint",
-               lambda: max(r["step"] for r in c.progress()) >= f1["first"]["step"] + 12, timeout=60)
+    wait_for(lambda: max(r["step"] for r in c.progress()) >= f1["first"]["step"] + 12, 60,
+             "n1 and n3 past another periodic checkpoint", every=0.3, on_timeout=c.report)
     stop = [sys.executable, "-c", "import os, signal, sys; os.kill(int(open(sys.argv[1]).read()), signal.SIGTERM)",
             "{run_dir}/agents/{node}.pid"]
     plain = adapter_class("torchrun")(JOB, labels, _options(c, stop_command=stop))

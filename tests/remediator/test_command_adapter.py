@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import sys
 import threading
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import pytest
 
 from failslow.record import process_alive
+from failslow_cli.stack.processes import free_port
 from remediator.adapters import build
 from remediator.adapters.base import ActionRequest, AdapterError, ConfigError, TrainingAdapter
 from remediator.adapters.command import Adapter, as_text, outcome_from_answer, parse_answer, parse_info
@@ -321,9 +321,7 @@ def test_http_timeout_and_refused_connection_are_transient(launcher: Launcher) -
     with pytest.raises(AdapterError, match=r"no answer within 0\.5 s") as exc:
         ad.execute(request("restart", {"exclude_nodes": ["n1"]}))
     assert exc.value.transient is True
-    with socket.socket() as s:  # a port nothing listens on any more
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nothing listens on any more
     ad = Adapter(JOB, LABELS, {"restart": {"http": {"url": f"http://127.0.0.1:{port}/restart"}}})
     with pytest.raises(AdapterError, match="ConnectionError") as exc:
         ad.execute(request("restart", {"exclude_nodes": ["n1"]}))

@@ -30,7 +30,6 @@ import argparse
 import gzip
 import json
 import os
-import socket
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -43,12 +42,6 @@ OTHER_KEPT = 40
 
 
 # --- recorded gloo jobs ---------------------------------------------------------------------------
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _spin(seconds: float) -> None:
@@ -186,9 +179,11 @@ def record(shapes: list[str]) -> None:
     """Run each job with two ranks and write ``<shape>/rank{0,1}.json.gz``."""
     import torch.multiprocessing as mp
 
+    from failslow_cli.stack.processes import free_port
+
     for shape in shapes:
         with tempfile.TemporaryDirectory() as tmp:
-            mp.spawn(_worker, args=(2, _free_port(), shape, tmp), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
+            mp.spawn(_worker, args=(2, free_port(), shape, tmp), nprocs=2, join=True)  # type: ignore[attr-defined,no-untyped-call]
             dest = HERE / shape
             dest.mkdir(exist_ok=True)
             for r in (0, 1):
