@@ -28,6 +28,9 @@ BLOCK_Z: Final = 4.5
 BLOCK_MIN: Final = 0.05
 BLOCK_MIN_REPEATS: Final = 8
 BLOCK_MAD_FLOOR: Final = 0.1
+#: Repeats of a multiple of the period the block test needs before it may say the multiple's blocks differ:
+#: at the test's minimum (BLOCK_MIN_REPEATS) it saw spurious differences on real, loaded jobs.
+MULTIPLE_REPEATS: Final = 12
 #: Lags shortlisted from the gap autocorrelation for the fold test.
 SHORTLIST: Final = 16
 
@@ -137,6 +140,7 @@ def trust_switch(t: FloatArray, new: int, cur: int) -> bool:
         return True
     if new % cur == 0:
         # A multiple of the current period is also what a short, jittery slice over-fits: it replaces
-        # the current period only when the robust block test sees its blocks really differ.
-        return blocks_differ(z, cur, new) is True
+        # the current period only when the robust block test, over MULTIPLE_REPEATS repeats of it, sees its
+        # blocks really differ.
+        return len(z) >= MULTIPLE_REPEATS * new and blocks_differ(z, cur, new) is True
     return blocks_differ(z, new, cur) is False

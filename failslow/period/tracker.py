@@ -20,7 +20,7 @@ from failslow.errors import InputError
 from failslow.period.acf import DOUBT_FACTOR, DOUBT_MAX_CALLS, PeriodEstimate, estimate_period
 from failslow.period.boundaries import iteration_marks, mark_at_end, phase_anchor
 from failslow.period.confidence import CONFIDENCE_MIN
-from failslow.period.folds import blocks_differ, trust_switch
+from failslow.period.folds import MULTIPLE_REPEATS, blocks_differ, trust_switch
 from failslow.period.gaps import gap_signal
 from failslow.period.numeric import FloatArray, IntArray
 from failslow.period.symbols import encode_symbols
@@ -32,8 +32,6 @@ LOCK_REPEATS: Final = 16
 #: ... and, for periods of several calls, at least this many calls (a period of 8 identical-looking
 #: Send/Recv pairs shows as 2 until the block test can look at 4 times that).
 LOCK_MIN_CALLS: Final = 96
-#: Repeats of a short multiple of a candidate period needed before its blocks may veto the candidate.
-MULTIPLE_REPEATS: Final = 12
 
 
 @dataclass(frozen=True)
@@ -289,6 +287,9 @@ class PeriodTracker:
         lo = self._end() - n - self._base
         sym = encode_symbols(*self._keys[lo:].T) if self._keys.shape[1] else None
         est = estimate_period(self._t[lo:], sym, min_repeats=self.min_repeats)
+        if est is not None and est.period != p and est.period % p == 0:
+            # a multiple is judged by the block test over MULTIPLE_REPEATS of its repeats (see trust_switch)
+            lo = max(self._seg, self._end() - MULTIPLE_REPEATS * est.period) - self._base
         if est is None or est.period == p or not trust_switch(self._t[lo:], est.period, p):
             self._suspect = None
             return False

@@ -213,7 +213,8 @@ def test_symbol_invisible_micro_batch_change_is_followed_on_the_old_grid() -> No
             first_new = t[min(i + 4, len(t) - 1)]
     change_t = tr.iter_start[40]
     assert first_new is not None
-    assert np.searchsorted(tr.iter_start, first_new) - 40 <= 16  # iterations of the new schedule it took
+    # iterations of the new schedule it took: a doubling is believed once the block test saw 12 repeats of it
+    assert np.searchsorted(tr.iter_start, first_new) - 40 <= 18
     s, e = np.asarray(out_s), np.asarray(out_t)
     after = s[e > change_t + 0.5]
     assert len(after) >= 20
@@ -322,11 +323,11 @@ def test_alike_micro_batches_under_load_lock_in_and_follow_a_change(seed: int) -
     assert shown == [6, 12]
     assert first_t is not None and follow_t is not None
     # In iterations (what the live test asks of the exporter): locked in before iteration 26 ended, the new
-    # period shown within 16 iterations of the change. Iteration k begins with its first call.
+    # period shown within 18 iterations of the change. Iteration k begins with its first call.
     first_call = 1 + np.concatenate(([0], np.cumsum(tr.period)[:-1]))
     begin = t[first_call]
     assert first_t < begin[27]
-    assert follow_t < begin[30 + 16]
+    assert follow_t < begin[30 + 18]
     # And no half iteration: every reported iteration ends where a true one does (at the start of its
     # successor's first call, or the end of its own last call). The first 6 calls of a new iteration look
     # like an old one; the change shows at its 7th call, which a poll may bring before the next mismatch.
