@@ -26,6 +26,7 @@ demo: bootstrap
 	$(VENV)/bin/failslow demo
 
 bench: bootstrap
+	$(VENV)/bin/pip install -q -e ".[testbed,dev,bench]"
 	$(PY) -m bench
 
 lint: bootstrap
