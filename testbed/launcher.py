@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -572,6 +572,16 @@ class Testbed:
         for f in self.faults:
             if not f.schedule.timed:
                 continue
+            sch = f.schedule
+            if (sch.start_iter is not None and sch.stop_iter is not None and not f.active and not f.episodes
+                    and not f.start_failed
+                    and done >= sch.stop_iter > sch.start_iter):
+                # The whole window passed between two polls (a short window early in a fast job on a busy
+                # machine): run it late, for as many iterations, rather than not at all.
+                n = sch.stop_iter - sch.start_iter
+                self.log(f"fault window {f.spec} passed before a poll saw it (iteration {done}): "
+                         f"running it for iterations {done}-{done + n}")
+                f.schedule = replace(sch, start_iter=done, stop_iter=done + n)
             want = f.schedule.should_be_active(elapsed, done)
             if want and not f.active and not self.finished():
                 self.log(f"fault on:  {f.spec} (iteration {done}, {elapsed:.1f} s)")
