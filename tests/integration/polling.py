@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["wait_for"]
+__all__ = ["run_until", "wait_for"]
 
 T = TypeVar("T")
 
@@ -39,3 +39,13 @@ def wait_for(pred: Callable[[], T], timeout: float, what: str, *, every: float =
     if on_timeout is not None:
         msg += "\n" + on_timeout()
     raise AssertionError(msg)
+
+
+def run_until(tb: Any, done: int, timeout_s: float = 120.0) -> None:
+    """Drive a testbed job (`testbed.launcher.Testbed`: its polls run the fault schedules) until `done`
+    iterations are complete."""
+    def reached() -> bool:
+        tb.poll()
+        return bool(tb.completed() >= done)
+
+    wait_for(reached, timeout_s, f"iteration {done} of the job", every=0.05)

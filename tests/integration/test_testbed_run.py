@@ -24,17 +24,9 @@ from testbed.config import ModelConfig
 from testbed.launcher import JobConfig, Testbed
 from testbed.netns import show_qdisc
 from testbed.state import leftovers
+from tests.integration.polling import run_until
 
 ROOT = os.geteuid() == 0
-
-
-def _wait_until(tb: Testbed, done: int, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while tb.completed() < done:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job did not reach iteration {done}")
-        tb.poll()
-        time.sleep(0.05)
 
 
 def _nothing_left(prefix: str) -> None:
@@ -102,20 +94,20 @@ def test_cpu_and_link_faults_at_run_time(tmp_path: Path) -> None:
     observed: dict[str, Any] = {}
     with Testbed(cfg, run_dir=tmp_path / "run") as tb:
         tb.start()
-        _wait_until(tb, 5)
+        run_until(tb, 5)
         # harsher than the benchmark's 0.3 so the effect shows even when neighbours load the machine
         cpu = tb.inject("cpu:rank=3,quota=0.1")
         cg = tb.rank_cgroup(3)
         assert cg is not None
         observed["quota_on"], observed["pids"] = cg.quota(), cg.pids()
-        _wait_until(tb, tb.completed() + 3)
+        run_until(tb, tb.completed() + 3)
         tb.remove(cpu)
         observed["quota_off"] = cg.quota()
-        _wait_until(tb, tb.completed() + 2)
+        run_until(tb, tb.completed() + 2)
         link = tb.inject("link:node=1,rate=20mbit")
         node_end, bridge_end = tb.link_devices(1)
         observed["qdisc_on"] = [show_qdisc(*node_end), show_qdisc(*bridge_end)]
-        _wait_until(tb, tb.completed() + 3)
+        run_until(tb, tb.completed() + 3)
         tb.remove(link)
         observed["qdisc_off"] = [show_qdisc(*node_end), show_qdisc(*bridge_end)]
         rank3_pid = tb.procs[3].pid
@@ -159,7 +151,7 @@ def test_trainer_faults_and_tp(failslow_cmd: list[str], tmp_path: Path) -> None:
             time.sleep(0.05)
         assert ctl.returncode == 0 and json.loads(ctl.stdout.read()) == "gc:rank=2,every=4,pause=0.2"
         gc_fault = next(f for f in tb.faults if f.kind == "gc")
-        _wait_until(tb, max(6, gc_fault.episodes[0]["start_iter"] + 5))
+        run_until(tb, max(6, gc_fault.episodes[0]["start_iter"] + 5))
         tb.checkpoint(tmp_path / "ck", stop=True)
         rep = tb.wait()
         rep = tb.report(trace=tmp_path / "trace-a.csv")
@@ -209,9 +201,9 @@ def test_rebalanced_microbatches_keep_the_gradient(tmp_path: Path) -> None:
                     namespaces=False, model=ModelConfig(d_model=64, layers=2), dump_grads_iters=list(range(16)))
     with Testbed(cfg, run_dir=tmp_path / "run") as tb:
         tb.start()
-        _wait_until(tb, 1)
+        run_until(tb, 1)
         skew_at = tb.set_microbatches([6, 2])  # same global batch, 6 + 2 instead of 4 + 4
-        _wait_until(tb, skew_at + 1)
+        run_until(tb, skew_at + 1)
         other_at = tb.set_microbatches([5, 2])  # one micro-batch fewer: a different global batch
         rep = tb.wait()
         recs = tb.records
@@ -237,7 +229,7 @@ def test_checkpoint_restart_new_placement_over_file_protocol(tmp_path: Path) -> 
     results: dict[str, Any] = {}
     with Testbed(cfg, run_dir=tmp_path / "run") as tb:
         tb.start()
-        _wait_until(tb, 2)
+        run_until(tb, 2)
         assert isinstance(TestbedAdapter(tb), TrainingAdapter)
 
         def client() -> None:
@@ -295,7 +287,7 @@ def test_capped_job_fault_restores_the_base_cap_and_cleanup_removes_the_cgroups(
     seen: dict[str, object] = {}
     with Testbed(cfg, run_dir=tmp_path / "run") as tb:
         tb.start()
-        _wait_until(tb, 3)
+        run_until(tb, 3)
         cgs = [tb.rank_cgroup(r) for r in range(2)]
         assert all(cg is not None for cg in cgs)
         seen["quotas"] = [cg.quota() for cg in cgs if cg is not None]
@@ -308,7 +300,7 @@ def test_capped_job_fault_restores_the_base_cap_and_cleanup_removes_the_cgroups(
         cg1 = cgs[1]
         assert cg1 is not None
         seen["on"] = (cg1.quota(), int((cg1.path / "cpu.cfs_period_us").read_text()))
-        _wait_until(tb, tb.completed() + 2)
+        run_until(tb, tb.completed() + 2)
         tb.remove(fault)
         seen["off"] = cg1.quota()
         seen["other"] = cgs[0].quota() if cgs[0] is not None else None

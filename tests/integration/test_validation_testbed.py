@@ -24,19 +24,11 @@ from remediator.adapters.testbed import Adapter
 from testbed.config import ModelConfig
 from testbed.launcher import JobConfig, Testbed
 from testbed.state import leftovers
+from tests.integration.polling import run_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
 ITERATIONS = 40
-
-
-def _wait_until(tb: Testbed, done: int, timeout_s: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while tb.completed() < done:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"job did not reach iteration {done}")
-        tb.poll()
-        time.sleep(0.05)
 
 
 def test_validation_names_the_injected_rank_and_node_and_training_goes_on(tmp_path: Path,
@@ -51,7 +43,7 @@ def test_validation_names_the_injected_rank_and_node_and_training_goes_on(tmp_pa
         if not tb.use_ns:
             pytest.fail("validation of links needs root (network namespaces)")
         tb.start()
-        _wait_until(tb, 3)
+        run_until(tb, 3)
         tb.inject("cpu:rank=3,quota=0.2")   # rank 3 = DP replica 1, stage 1, on node 3
         tb.inject("link:node=1,rate=20mbit")  # node 1 = rank 1 = DP replica 1, stage 0
 
