@@ -490,6 +490,7 @@ class Remediator:
             if memory.get("split_changed") and memory.get("default_microbatches") else None,
             placement=tuple(info.placement) if info is not None and info.placement else None,
             nodes=tuple(info.nodes) if info is not None else (),
+            spares=len(info.spare_nodes) if info is not None and info.spare_nodes is not None else None,
             capabilities=adapter.capabilities() if adapter is not None else frozenset(),
             ineffective=inef,
             actions_last_hour=await self.store.started_since(job, now - 3600.0),

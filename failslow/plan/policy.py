@@ -318,7 +318,14 @@ def candidate(strategy: str, event: EventView, job: JobView, costs: Costs) -> Ca
                 and tuple(job.default_microbatches) != tuple(job.microbatches):
             # the split that worked around the slow node would hold the healthy replica back once it is gone
             params.update(counts=[int(c) for c in job.default_microbatches], **{"from": list(job.microbatches)})
-        # Off the bad node, with the job's own split, the job runs as it did before the onset.
+        holding = [n for n in exclude if job.placement is None or n not in job.nodes
+                   or job.nodes.index(n) in job.placement]
+        if job.spares is not None and job.spares < len(holding):
+            # the ranks left without a spare crowd the healthy nodes (or the job shrinks): not the healthy pace
+            return Candidate(strategy, params, cost_s=cost, formed=True,
+                             why=f"{len(holding)} node(s) to leave but {job.spares} free spare(s): "
+                                 "the job would run short of nodes, its pace is not predicted")
+        # Off the bad node onto a spare, with the job's own split, the job runs as it did before the onset.
         return Candidate(strategy, params,
                          predicted_s=job.healthy_s, cost_s=cost, formed=True,
                          why="" if job.healthy_s is not None else "healthy pace unknown")

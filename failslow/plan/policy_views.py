@@ -111,6 +111,8 @@ class JobView:
         microbatch_upper: Per-replica upper bounds (memory), or None.
         placement: Node index of each rank (into `nodes`), or None.
         nodes: Names of the job's nodes.
+        spares: Free spare nodes a restart may move ranks to (None: unknown, e.g. a scheduler's requeue finds
+            nodes itself).
         capabilities: Strategies the job's adapter supports.
         ineffective: Signatures (:func:`signature`) of actions that did not help this job recently (not taken
             again).
@@ -127,6 +129,7 @@ class JobView:
     microbatch_upper: int | tuple[int, ...] | None = None
     placement: tuple[int, ...] | None = None
     nodes: tuple[str, ...] = ()
+    spares: int | None = None
     capabilities: frozenset[str] = frozenset()
     ineffective: frozenset[str] = frozenset()
     actions_last_hour: int = 0

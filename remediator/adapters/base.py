@@ -104,7 +104,8 @@ class JobInfo:
         placement: Node index of each global rank (index into ``nodes``).
         nodes: Names of the nodes the job runs on (as the ``node`` label of its series names them, or by
             their index in this list when the launcher numbers nodes: ``FAILSLOW_NODE_ID``, ``SLURM_NODEID``).
-        spare_nodes: Idle nodes a restart may move ranks to.
+        spare_nodes: Idle nodes a restart may move ranks to; None when the adapter does not know them
+            (a scheduler's requeue finds nodes itself), an empty list when there is none.
         microbatches: Micro-batches per DP replica per iteration, as the job runs now.
         traffic: Bytes the job moves, when the adapter knows them: ``grad_bytes`` (per pipeline stage, or one
             number) and ``p2p_bytes`` (per micro-batch across a pipeline hop), the S3 planner's traffic
@@ -115,7 +116,7 @@ class JobInfo:
     layout: dict[str, int | None] | None = None
     placement: list[int] | None = None
     nodes: list[str] = field(default_factory=list)
-    spare_nodes: list[str] = field(default_factory=list)
+    spare_nodes: list[str] | None = None
     microbatches: list[int] | None = None
     traffic: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)

@@ -303,7 +303,8 @@ def parse_info(doc: Mapping[str, Any]) -> JobInfo:
     known = {"layout", "placement", "nodes", "spare_nodes", "microbatches", "extra"}
     extra = {**{k: v for k, v in doc.items() if k not in known}, **extra}
     return JobInfo(layout=layout, placement=int_list("placement"), nodes=str_list("nodes"),
-                   spare_nodes=str_list("spare_nodes"), microbatches=int_list("microbatches"), extra=extra)
+                   spare_nodes=str_list("spare_nodes") if "spare_nodes" in doc else None,
+                   microbatches=int_list("microbatches"), extra=extra)
 
 
 def _str_map(value: Any, where: str) -> dict[str, str]:

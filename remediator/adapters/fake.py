@@ -3,7 +3,8 @@ nothing. For trying the remediator's planning and API on jobs without touching t
 
 Options: ``capabilities`` (list, default every strategy), ``microbatches`` (list, default ``[4, 4]``),
 ``nodes`` (list of names, default ``["node0", "node1"]``), ``placement`` (default: ranks spread over the
-nodes, one per DP replica), ``fail`` (list of strategies that fail), ``delay_s`` (seconds each action
+nodes, one per DP replica), ``spare_nodes`` (list of names; default unknown, as a scheduler that finds
+nodes itself), ``fail`` (list of strategies that fail), ``delay_s`` (seconds each action
 takes, default 0), ``record`` (a file each action appends one JSON line to: the test's evidence of what
 was executed, across processes).
 """
@@ -35,7 +36,8 @@ class Adapter:
     kind: ClassVar[str] = "fake"
 
     def __init__(self, job: str, labels: Mapping[str, str], options: Mapping[str, Any]) -> None:
-        unknown = set(options) - {"capabilities", "microbatches", "nodes", "placement", "fail", "delay_s", "record"}
+        unknown = set(options) - {"capabilities", "microbatches", "nodes", "spare_nodes", "placement", "fail",
+                                 "delay_s", "record"}
         if unknown:
             raise ConfigError(f"fake adapter: unknown options {sorted(unknown)}")
         caps = option(options, "capabilities", list, list(STRATEGY_NAMES))
@@ -47,6 +49,8 @@ class Adapter:
         self.nodes = [str(x) for x in option(options, "nodes", list, ["node0", "node1"])]
         default_placement = [i % len(self.nodes) for i in range(len(self.microbatches))]
         self.placement = [int(x) for x in option(options, "placement", list, default_placement)]
+        spares = option(options, "spare_nodes", list, None)
+        self.spare_nodes = None if spares is None else [str(x) for x in spares]
         self.fail = set(option(options, "fail", list, []))
         self.delay_s = float(option(options, "delay_s", (int, float), 0.0))
         rec = option(options, "record", str, "")
@@ -61,7 +65,8 @@ class Adapter:
     def info(self) -> JobInfo:
         """As configured, with the split of the last rebalance."""
         return JobInfo(layout={"dp": len(self.microbatches), "pp": 1, "tp": 1, "ranks_per_node": 1},
-                       placement=list(self.placement), nodes=list(self.nodes), microbatches=list(self.microbatches))
+                       placement=list(self.placement), nodes=list(self.nodes), microbatches=list(self.microbatches),
+                       spare_nodes=None if self.spare_nodes is None else list(self.spare_nodes))
 
     def execute(self, request: ActionRequest) -> ActionOutcome:
         """Record the request; a configured failure raises."""

@@ -210,6 +210,28 @@ def test_a_restart_does_not_exclude_the_nodes_a_validation_cleared() -> None:
     assert one.strategy == "restart" and one.chosen.params["exclude_nodes"] == ["n1"]
 
 
+def test_a_restart_without_a_free_spare_for_each_node_predicts_nothing() -> None:
+    """Off the bad nodes onto spares the job runs at its healthy pace; with fewer free spares than nodes to
+    leave, the ranks left over crowd the healthy nodes (or the job shrinks), so that pace is not the prediction
+    and the planner does not restart. A person may still ask for the restart."""
+    link = (Suspect("link", None, "n1"), Suspect("link", None, "n2"))
+    ev = event(suspects=link, lost_s=500.0, validated=True)
+    pol = Policy(approval=frozenset())
+    for spares in (None, 2, 3):  # unknown (a scheduler finds nodes) or enough
+        d = decide(ev, job(spares=spares), COSTS, pol)
+        assert d.strategy == "restart" and d.chosen is not None and d.chosen.predicted_s == 0.55, spares
+    for spares in (0, 1):
+        d = decide(ev, job(spares=spares), COSTS, pol)
+        assert d.strategy == "ignore", (spares, d)
+        (c,) = [c for c in d.considered if c.strategy == "restart"]
+        assert c.predicted_s is None and f"2 node(s) to leave but {spares} free spare(s)" in c.why
+        forced = decide(ev, job(spares=spares), COSTS, pol, force="restart")
+        assert forced.strategy == "restart" and forced.chosen.params["exclude_nodes"] == ["n1", "n2"]
+    # a suspect node that holds no rank any more needs no spare
+    idle = decide(ev, job(spares=1, placement=(0, 3, 2, 3)), COSTS, pol)
+    assert idle.strategy == "restart" and idle.chosen is not None and idle.chosen.params["exclude_nodes"] == ["n1", "n2"]
+
+
 def test_a_restart_after_a_rebalance_resumes_with_the_jobs_own_split() -> None:
     """The split that worked around the slow node would hold the healthy replica back once it is gone."""
     ev = event(suspects=(Suspect("compute", 1, "n1"),), lost_s=500.0, validated=True,

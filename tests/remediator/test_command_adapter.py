@@ -171,6 +171,9 @@ def test_info_errors_and_absence(tmp_path: Path) -> None:
         Adapter(JOB, LABELS, {"info": {"command": [failing]}}).info()
     unknown = Adapter(JOB, LABELS, {"rebalance": {"command": [silent]}}).info()
     assert unknown.layout is None and unknown.nodes == [] and unknown.microbatches is None
+    assert unknown.spare_nodes is None  # not said: unknown, not "none free"
+    none_free = script(tmp_path, "none_free", 'print(json.dumps({"nodes": ["n0"], "spare_nodes": []}))\n')
+    assert Adapter(JOB, LABELS, {"info": {"command": [none_free]}}).info().spare_nodes == []
 
 
 def test_recover_asks_about_the_action_and_never_runs_it_again(tmp_path: Path) -> None:
