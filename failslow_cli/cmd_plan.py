@@ -10,12 +10,14 @@ prints the optimal split of the micro-batches over the DP groups as JSON::
 and ``moved`` how many micro-batches change group.
 
 `failslow plan topology --layout dp=2,pp=2,tp=1 [--placement 0,1,2,3] [--slow-rank 3=2.5] [--slow-link 1=0.1]
-[--slow-link 0-1=0.1] [--iteration-s T | --healthy-s T] [model options]` scores node permutations with the S3 model
+[--slow-link 0-1=0.1] [--iteration-s T] [--healthy-s T] [model options]` scores node permutations with the S3 model
 (`failslow.plan.placement`) and prints the current predicted time, every candidate with its predicted iteration
 time and why, and the chosen placement (``null`` with the refusal ``reason`` when no move gains ``--min-gain``).
 With ``--rebalance [--micro-batch-upper N|N,N]`` every placement, the current one included, is scored under its
 own best micro-batch split of the same total: each candidate (and ``current``) shows its ``counts``, ``as_is_s``
 is the current placement under the current split, and a move must beat S2 alone on the current placement.
+With both ``--healthy-s`` and ``--iteration-s`` and slow ranks, the healthy pace fixes the healthy compute and
+the slow ranks' factors are scaled together until the current placement takes ``--iteration-s``.
 Logic lives in `failslow.plan`.
 """
 
@@ -142,7 +144,8 @@ def _add_topology(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iteration-s", type=float, help="measured iteration time now: calibrates the model on it")
     p.add_argument("--healthy-s", type=float,
                    help="measured iteration time before the slowdown: calibrates the model on the current placement "
-                        "with nothing slow (takes precedence over --iteration-s)")
+                        "with nothing slow; with --iteration-s and slow ranks, the slow ranks' factors are scaled "
+                        "to reproduce --iteration-s (without slow ranks it takes precedence over --iteration-s)")
     p.add_argument("--micro-batches", default=str(d.microbatches),
                    help=f"micro-batches per DP replica: one or one per replica (default {d.microbatches})")
     p.add_argument("--compute-s", default=str(d.compute_s),

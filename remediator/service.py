@@ -122,15 +122,18 @@ def healthy_window(onset: float, last_closed: dict[str, Any] | None) -> tuple[fl
 def topology_options(job: str, info: JobInfo, suspects: tuple[Suspect, ...], model: PaceModel | None,
               pace: float | None, validated: dict[str, Any] | None = None,
               healthy: float | None = None, rebalance: bool = False,
-              known_paths: Sequence[Sequence[Any]] = ()) -> tuple[TopologyOption, ...]:
+              known_paths: Sequence[Sequence[Any]] = (),
+              healthy_counts: Sequence[int] | None = None) -> tuple[TopologyOption, ...]:
     """S3 placements for the planner: the suspects' slowness scored by the topology planner (empty when the
     job's shape is unknown, nothing is suspected, or the plan refused).
 
     Once a validation measured the links (`validated`: the nodes it convicted and the slow paths between
     nodes it did not), those replace the detector's link suspects: a path is moved, not a whole NIC guessed.
-    The planner's model is calibrated on the healthy pace when it is known and only links are slow (their
-    share is what a validation measured), else on the pace now (a compute suspect's factor comes from the same
-    measurements as the pace: calibrating it on the healthy pace overstated the slow placement 2x). With
+    The planner's model is calibrated on the healthy pace when it is known (under `healthy_counts`, the split
+    it was measured with; the current one by default). Only links slow: their share is what a validation
+    measured. Compute suspects: their factors are scaled together until the current placement predicts the
+    pace now (:func:`failslow.plan.placement.fit_slowness`), so a move that loads the healthy replicas is
+    priced at the healthy speed; without the healthy pace the model is calibrated on the pace now. With
     `rebalance` (the adapter can also set the split) every placement is scored under its own best micro-batch
     split, which the topology action then applies: slow GPUs gathered into one replica pay only that way.
     `known_paths` are slow paths earlier validations of the job measured (:func:`remember_paths`): a move made
@@ -155,8 +158,8 @@ def topology_options(job: str, info: JobInfo, suspects: tuple[Suspect, ...], mod
             return ()
         params = placement_params(info, validated)
         plan = plan_topology(layout, info.placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
-                             iteration_s=pace, healthy_s=None if slow_ranks else healthy,
-                             rebalance=rebalance and bool(info.microbatches))
+                             iteration_s=pace, healthy_s=healthy, rebalance=rebalance and bool(info.microbatches),
+                             healthy_counts=healthy_counts)
     except InputError as exc:
         log.info("job %s: no topology plan: %s", job, exc)
         return ()
@@ -500,7 +503,8 @@ class Remediator:
             view = replace(view, topology=await asyncio.to_thread(topology_options, job, info, found, model, pace,
                                                                   ev.get("validated_links"), healthy,
                                                                   "rebalance" in view.capabilities,
-                                                                  memory.get("slow_paths") or ()))
+                                                                  memory.get("slow_paths") or (),
+                                                                  view.default_microbatches))
         return view, upd, await self._costs(adapter), actions, adapter
 
     async def _healthy_overhead(self, job: str, onset: float, healthy: float,

@@ -56,8 +56,8 @@ from failslow.topology import Layout
 
 __all__: list[str] = [
     "DEFAULT_LINK_SHARE", "DEFAULT_SLOW_FACTOR", "EXHAUSTIVE_MAX_NODES", "IterationTime", "LinkKey",
-    "PlacementCandidate", "PlacementModel", "PlacementParams", "TopologyPlan", "min_makespan", "plan_topology",
-    "suspect_slowness"]
+    "PlacementCandidate", "PlacementModel", "PlacementParams", "TopologyPlan", "fit_slowness", "min_makespan",
+    "plan_topology", "suspect_slowness"]
 
 
 @dataclass(frozen=True)
@@ -158,7 +158,8 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
                   params: PlacementParams | None = None, iteration_s: float | None = None,
                   healthy_s: float | None = None, min_gain: float = 0.03,
                   max_candidates: int = 16, rebalance: bool = False,
-                  microbatch_upper: int | Sequence[int] | None = None) -> TopologyPlan:
+                  microbatch_upper: int | Sequence[int] | None = None,
+                  healthy_counts: Sequence[int] | None = None) -> TopologyPlan:
     """Score node permutations of a job and choose the one to restart with (FALCON's S3).
 
     Args:
@@ -174,7 +175,13 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
         healthy_s: The measured iteration time before anything was slow; when given the model is calibrated
             on it instead, with no slowness on the current placement (a pace measured over the healthy
             stretch is steadier than one measured since the onset, and the traffic model then predicts the
-            slow placement as well as the moves).
+            slow placement as well as the moves). With `slow_ranks` and `iteration_s` too, both are used
+            (:func:`fit_slowness`): the healthy pace fixes the healthy compute, and the slow ranks' factors
+            are scaled together until the current placement predicts `iteration_s`. A move that loads the
+            healthy replicas (a split after a consolidation) is then priced at the healthy speed, not at a
+            speed inferred from the slow pace. Without a consistent fit (the pace no slower than the healthy
+            one under these suspects) the model is calibrated on `iteration_s` alone.
+        healthy_counts: The split the healthy pace was measured under (default: the current one).
         min_gain: Smallest relative gain over the current placement worth a move.
         max_candidates: Most candidates listed (the chosen one is always among them).
         rebalance: Score every placement, the current one included, under its own best micro-batch split of
@@ -194,11 +201,19 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
         raise InputError(f"topology plan: min_gain must be in [0, 1), got {min_gain!r}")
     if isinstance(max_candidates, bool) or not isinstance(max_candidates, int) or max_candidates < 1:
         raise InputError(f"topology plan: max_candidates must be a positive integer, got {max_candidates!r}")
+    given = params
+    two_point = False
     if healthy_s is not None:
-        params = PlacementModel(layout, placement, params=params).calibrate(healthy_s).params
+        params = _calibrate_healthy(layout, placement, params, healthy_s, healthy_counts)
+        if iteration_s is not None and slow_ranks:
+            fitted = fit_slowness(layout, placement, slow_ranks, slow_links, params, iteration_s)
+            if fitted is None:  # the pace is not the healthy one plus these suspects: calibrate on the pace alone
+                params = given
+            else:
+                two_point, slow_ranks = True, fitted
     model = PlacementModel(layout, placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
                            rebalance=rebalance, microbatch_upper=microbatch_upper)
-    if iteration_s is not None and healthy_s is None:
+    if iteration_s is not None and (healthy_s is None or (slow_ranks and not two_point)):
         model = model.calibrate(iteration_s)
     current = model.time()
     as_is_s = model.with_rebalance(False).time().total_s if model.rebalance else None
@@ -261,6 +276,55 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
     return TopologyPlan(current_s=now_s, current=current, candidates=tuple(listed), chosen=chosen, reason=reason,
                         method=method, evaluated=evaluated, min_gain=float(min_gain), params=model.params,
                         rebalance=model.rebalance, as_is_s=as_is_s)
+
+
+def _calibrate_healthy(layout: Layout, placement: Sequence[int] | None, params: PlacementParams | None,
+                       healthy_s: float, counts: Sequence[int] | None) -> PlacementParams:
+    """`params` with the compute scale fitted to the healthy pace under the healthy split `counts`."""
+    prm = PlacementParams() if params is None else params
+    if counts is not None:
+        at = PlacementModel(layout, placement, params=replace(prm, microbatches=tuple(int(c) for c in counts)))
+        fit = at.calibrate(healthy_s).params
+        return replace(fit, microbatches=prm.microbatches)
+    return PlacementModel(layout, placement, params=prm).calibrate(healthy_s).params
+
+
+def fit_slowness(layout: Layout, placement: Sequence[int] | None, slow_ranks: Mapping[int, float],
+                 slow_links: Mapping[LinkKey, float] | None, params: PlacementParams,
+                 iteration_s: float) -> dict[int, float] | None:
+    """The slow ranks' factors scaled together so that the current placement predicts `iteration_s`.
+
+    Each factor ``f`` becomes ``1 + g (f - 1)`` with one ``g > 0`` for all (the suspects' relative slowness
+    as measured, their size fitted), found by bisection: the model's time rises with ``g``. `params` carry the
+    healthy calibration. None when no ``g`` fits: the model without slowness already takes `iteration_s` or
+    more, or even 1000x the factors stay below it.
+    """
+    if not iteration_s > 0 or not math.isfinite(iteration_s):
+        raise InputError(f"topology plan: iteration time must be positive, got {iteration_s!r}")
+    base = {int(r): float(f) for r, f in slow_ranks.items()}
+    if not base or all(f <= 1.0 for f in base.values()):
+        return None
+
+    def at(g: float) -> float:
+        scaled = {r: 1.0 + g * max(0.0, f - 1.0) for r, f in base.items()}
+        return PlacementModel(layout, placement, slow_ranks=scaled, slow_links=slow_links,
+                              params=params).time().total_s
+
+    lo, hi = 0.0, 1.0
+    if at(lo) >= iteration_s:
+        return None
+    while at(hi) < iteration_s:
+        hi *= 2.0
+        if hi > 1000.0:
+            return None
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        if at(mid) < iteration_s:
+            lo = mid
+        else:
+            hi = mid
+    g = 0.5 * (lo + hi)
+    return {r: 1.0 + g * max(0.0, f - 1.0) for r, f in base.items()}
 
 
 #: Compute slowdown assumed for a compute suspect whose factor the pace model cannot tell.

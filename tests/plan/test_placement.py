@@ -391,3 +391,55 @@ def test_cli_rebalance_flag() -> None:
     assert all("counts" in c for c in doc["candidates"]) and "S2 alone" in doc["reason"]
     bad = subprocess.run([*base, "--micro-batch-upper", "6"], capture_output=True, text=True, check=False)
     assert bad.returncode == 2 and "--rebalance" in bad.stderr
+
+
+def test_two_point_calibration_prices_a_consolidation_at_the_healthy_speed() -> None:
+    """With the healthy pace and the pace now, the healthy pace fixes the compute and the slow factors are
+    fitted to the pace now: the move's prediction is the true hardware's, whatever size the suspects' factors
+    were measured at (only their ratio counts)."""
+    from failslow.plan.placement import fit_slowness
+
+    lay = Layout(dp=2, pp=2, ranks_per_node=1)
+    truth = PlacementParams(microbatches=4, compute_s=0.05, overhead_s=0.02)
+    true_slow = {1: 3.0, 2: 5.0}  # (f - 1) in ratio 1 : 2
+    healthy_s = PlacementModel(lay, params=truth).time().total_s
+    now_s = PlacementModel(lay, slow_ranks=true_slow, params=truth).time().total_s
+    seen = {1: 1.5, 2: 2.0}  # same ratio, a quarter of the size
+    fitted = fit_slowness(lay, None, seen, None, truth, now_s)
+    assert fitted is not None and fitted[1] == pytest.approx(3.0, rel=1e-9) and fitted[2] == pytest.approx(5.0, rel=1e-9)
+    # no fit: the pace now is not slower than the healthy model, or the suspects are not slow at all
+    assert fit_slowness(lay, None, seen, None, truth, healthy_s) is None
+    assert fit_slowness(lay, None, {1: 1.0}, None, truth, now_s) is None
+
+    # start from the default traffic model with a wrong scale: the healthy pace recovers it
+    start = PlacementParams(microbatches=4, compute_s=0.2, overhead_s=0.08)
+    plan = plan_topology(lay, slow_ranks=seen, params=start, iteration_s=now_s, healthy_s=healthy_s, rebalance=True)
+    exact = plan_topology(lay, slow_ranks=true_slow, params=truth, rebalance=True)
+    assert plan.as_is_s == pytest.approx(now_s, rel=1e-9) and plan.current_s == pytest.approx(exact.current_s, rel=1e-6)
+    assert plan.chosen is not None and exact.chosen is not None
+    assert plan.chosen.predicted_s == pytest.approx(exact.chosen.predicted_s, rel=1e-6)
+    assert plan.chosen.counts == exact.chosen.counts
+    # calibrated on the pace now alone, the small factors leave the healthy work too slow: the move is mispriced
+    pace_only = plan_topology(lay, slow_ranks=seen, params=start, iteration_s=now_s, rebalance=True)
+    assert pace_only.chosen is not None
+    assert abs(pace_only.chosen.predicted_s - exact.chosen.predicted_s) > 0.05 * exact.chosen.predicted_s
+    # a pace no slower than healthy under these suspects: calibrated on the pace now alone, as without healthy_s
+    fallback = plan_topology(lay, slow_ranks=seen, params=start, iteration_s=0.9 * healthy_s, healthy_s=healthy_s)
+    alone = plan_topology(lay, slow_ranks=seen, params=start, iteration_s=0.9 * healthy_s)
+    assert fallback.current_s == pytest.approx(alone.current_s) and fallback.reason == alone.reason
+
+
+def test_the_healthy_pace_is_fitted_under_the_split_it_was_measured_with() -> None:
+    lay = Layout(dp=2, pp=2, ranks_per_node=1)
+    truth = PlacementParams(microbatches=4, compute_s=0.05, overhead_s=0.02)
+    healthy_s = PlacementModel(lay, params=truth).time().total_s  # measured under [4, 4]
+    now = replace(truth, microbatches=(6, 2))  # a split was applied since
+    now_s = PlacementModel(lay, slow_ranks={2: 3.0}, params=now).time().total_s
+    start = replace(now, compute_s=0.1, overhead_s=0.04)
+    plan = plan_topology(lay, slow_ranks={2: 2.0}, params=start, iteration_s=now_s, healthy_s=healthy_s,
+                         healthy_counts=(4, 4))
+    exact = plan_topology(lay, slow_ranks={2: 3.0}, params=now)
+    assert plan.current_s == pytest.approx(exact.current_s, rel=1e-6)
+    assert [c.predicted_s for c in plan.candidates] == pytest.approx([c.predicted_s for c in exact.candidates], rel=1e-6)
+    wrong = plan_topology(lay, slow_ranks={2: 2.0}, params=start, iteration_s=now_s, healthy_s=healthy_s)
+    assert wrong.candidates[0].predicted_s != pytest.approx(exact.candidates[0].predicted_s, rel=1e-3)
