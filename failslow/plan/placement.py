@@ -46,7 +46,7 @@ import numpy as np
 
 from failslow.errors import InputError
 from failslow.plan.pace import PaceModel
-from failslow.plan.placement_model import IterationTime, PlacementModel
+from failslow.plan.placement_model import IterationTime, PlacementModel, bisect_rising
 from failslow.plan.placement_moves import consolidations, link_moves
 from failslow.plan.placement_params import IntArray, LinkKey, PlacementParams
 from failslow.plan.placement_search import EXHAUSTIVE_MAX_NODES, all_permutations, best_of, local_search
@@ -317,13 +317,7 @@ def fit_slowness(layout: Layout, placement: Sequence[int] | None, slow_ranks: Ma
         hi *= 2.0
         if hi > 1000.0:
             return None
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        if at(mid) < iteration_s:
-            lo = mid
-        else:
-            hi = mid
-    g = 0.5 * (lo + hi)
+    g = bisect_rising(at, iteration_s, lo, hi, 60)
     return {r: 1.0 + g * max(0.0, f - 1.0) for r, f in base.items()}
 
 

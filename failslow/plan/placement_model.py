@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Final
 
@@ -81,6 +81,18 @@ class IterationTime:
         else:
             doc["counts"] = list(self.counts)
         return doc
+
+
+def bisect_rising(fn: Callable[[float], float], target: float, lo: float, hi: float, steps: int) -> float:
+    """The point in [lo, hi] where the rising `fn` reaches `target`, after `steps` halvings (the midpoint of
+    the last bracket). `fn(lo) < target <= fn(hi)` is the caller's to ensure."""
+    for _ in range(steps):
+        mid = 0.5 * (lo + hi)
+        if fn(mid) < target:
+            lo = mid
+        else:
+            hi = mid
+    return 0.5 * (lo + hi)
 
 
 def _check_layout(layout: Layout) -> Layout:
@@ -395,13 +407,7 @@ class PlacementModel:
         hi = 1.0
         while total(hi) < iteration_s:
             hi *= 2.0
-        for _ in range(80):
-            mid = 0.5 * (lo + hi)
-            if total(mid) < iteration_s:
-                lo = mid
-            else:
-                hi = mid
-        return scaled(0.5 * (lo + hi))
+        return scaled(bisect_rising(total, iteration_s, lo, hi, 80))
 
     # --- describing a placement -----------------------------------------------------------------
 
