@@ -426,8 +426,29 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
             considered[-1] = replace(c, ok=False, why="validation cleared the suspects")
             continue
         return Decision(strategy, c.why, c, tuple(considered), needs_approval=strategy in policy.approval)
+    if force in (None, "auto") and _measure_links_first(event, job, done, costs, force):
+        v = replace(candidate("validate", event, job, costs), ok=True,
+                    why="measure the suspect links: no strategy can be planned on the detector's guess alone")
+        return Decision("validate", v.why, v, (*considered, v))
     why = "; ".join(f"{c.strategy}: {c.why}" for c in considered) or "no applicable strategy"
     return Decision("ignore", why, considered=tuple(considered))
+
+
+def _measure_links_first(event: EventView, job: JobView, done: set[str], costs: Costs, force: str | None) -> bool:
+    """Whether to validate although no strategy was chosen: a link suspect not measured yet.
+
+    The detector names the nodes whose traffic slowed, not which NIC or path nor how much bandwidth is left;
+    the topology planner then scores a guess, and a restart would leave every named node (both ends of one
+    congested path). A link validation measures exactly that, at the cost of a short pause, and the next
+    decision plans on it. Ski rental as for any strategy: once the slowdown accumulated reaches its cost.
+    """
+    if not any(s.kind == "link" for s in event.suspects) or event.validated is not None:
+        return False
+    if "validate" not in job.capabilities or "validate" in done:
+        return False
+    if not validation_targets(event.suspects)["nodes"]:
+        return False
+    return force is not None or event.lost_s >= costs.of("validate")
 
 
 def restore(job: JobView, default: Sequence[int], policy: Policy) -> Candidate | None:

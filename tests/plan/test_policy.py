@@ -232,6 +232,27 @@ def test_a_restart_without_a_free_spare_for_each_node_predicts_nothing() -> None
     assert idle.strategy == "restart" and idle.chosen is not None and idle.chosen.params["exclude_nodes"] == ["n1", "n2"]
 
 
+def test_an_unmeasured_link_suspect_is_validated_when_nothing_else_can_be_planned() -> None:
+    """Both ends of one congested path are named; one spare cannot take both, and the topology planner found no
+    move on the detector's guess. The validation measures which path and how much is left: it comes first."""
+    link = (Suspect("link", None, "n1"), Suspect("link", None, "n2"))
+    pol = Policy(approval=frozenset())
+    ev = event(suspects=link, lost_s=50.0)
+    d = decide(ev, job(spares=1), COSTS, pol)
+    assert d.strategy == "validate" and d.chosen is not None and d.chosen.params == {"ranks": [], "nodes": ["n1", "n2"]}
+    assert "measure the suspect links" in d.reason
+    assert any(c.strategy == "restart" and "1 free spare" in c.why for c in d.considered)
+    # ski rental: not before the slowdown accumulated reaches the validation's cost
+    assert decide(replace(ev, lost_s=5.0), job(spares=1), COSTS, pol).strategy == "ignore"
+    # measured already (and not moved since), or no way to measure, or no link named: nothing to add
+    assert decide(replace(ev, validated=True), job(spares=1), COSTS, pol).strategy == "ignore"
+    assert decide(replace(ev, validated=False), job(spares=1), COSTS, pol).strategy == "ignore"
+    no_validate = job(spares=1, capabilities=frozenset({"rebalance", "topology", "restart"}))
+    assert decide(ev, no_validate, COSTS, pol).strategy == "ignore"
+    compute = event(suspects=(Suspect("compute", 1, "n1"),), lost_s=50.0)
+    assert decide(compute, job(model=None, spares=0), COSTS, pol).strategy == "ignore"
+
+
 def test_a_restart_after_a_rebalance_resumes_with_the_jobs_own_split() -> None:
     """The split that worked around the slow node would hold the healthy replica back once it is gone."""
     ev = event(suspects=(Suspect("compute", 1, "n1"),), lost_s=500.0, validated=True,
