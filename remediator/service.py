@@ -515,11 +515,10 @@ class Remediator:
         )
         if adapter is not None and info is not None and "topology" in view.capabilities:
             found = named_suspects(_suspects(ev.get("suspects") or []) if suspects is None else suspects, info.nodes)
-            view = replace(view, topology=await asyncio.to_thread(topology_options, job, info, found, model, pace,
-                                                                  ev.get("validated_links"), healthy,
-                                                                  "rebalance" in view.capabilities,
-                                                                  memory.get("slow_paths") or (),
-                                                                  view.default_microbatches))
+            view = replace(view, topology=await asyncio.to_thread(
+                topology_options, job, info, found, model, pace, validated=ev.get("validated_links"),
+                healthy=healthy, rebalance="rebalance" in view.capabilities,
+                known_paths=memory.get("slow_paths") or (), healthy_counts=view.default_microbatches))
         return view, upd, await self._costs(adapter), actions, adapter
 
     async def _healthy_overhead(self, job: str, onset: float, healthy: float,

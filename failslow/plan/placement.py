@@ -201,20 +201,20 @@ def plan_topology(layout: Layout, placement: Sequence[int] | None = None, *,
         raise InputError(f"topology plan: min_gain must be in [0, 1), got {min_gain!r}")
     if isinstance(max_candidates, bool) or not isinstance(max_candidates, int) or max_candidates < 1:
         raise InputError(f"topology plan: max_candidates must be a positive integer, got {max_candidates!r}")
-    given = params
-    two_point = False
+    calibrate_to = iteration_s  # the pace the model is scaled to, unless the healthy pace calibrates it
     if healthy_s is not None:
-        params = _calibrate_healthy(layout, placement, params, healthy_s, healthy_counts)
-        if iteration_s is not None and slow_ranks:
-            fitted = fit_slowness(layout, placement, slow_ranks, slow_links, params, iteration_s)
-            if fitted is None:  # the pace is not the healthy one plus these suspects: calibrate on the pace alone
-                params = given
-            else:
-                two_point, slow_ranks = True, fitted
+        healthy = _calibrate_healthy(layout, placement, params, healthy_s, healthy_counts)
+        fitted = fit_slowness(layout, placement, slow_ranks, slow_links, healthy, iteration_s) \
+            if iteration_s is not None and slow_ranks else None
+        if fitted is not None:
+            params, slow_ranks, calibrate_to = healthy, fitted, None
+        elif iteration_s is None or not slow_ranks:
+            params, calibrate_to = healthy, None
+        # else no fit: the pace is not the healthy one plus these suspects, calibrate on the pace alone
     model = PlacementModel(layout, placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
                            rebalance=rebalance, microbatch_upper=microbatch_upper)
-    if iteration_s is not None and (healthy_s is None or (slow_ranks and not two_point)):
-        model = model.calibrate(iteration_s)
+    if calibrate_to is not None:
+        model = model.calibrate(calibrate_to)
     current = model.time()
     as_is_s = model.with_rebalance(False).time().total_s if model.rebalance else None
     generated = link_moves(model) + consolidations(model)
@@ -282,11 +282,9 @@ def _calibrate_healthy(layout: Layout, placement: Sequence[int] | None, params: 
                        healthy_s: float, counts: Sequence[int] | None) -> PlacementParams:
     """`params` with the compute scale fitted to the healthy pace under the healthy split `counts`."""
     prm = PlacementParams() if params is None else params
-    if counts is not None:
-        at = PlacementModel(layout, placement, params=replace(prm, microbatches=tuple(int(c) for c in counts)))
-        fit = at.calibrate(healthy_s).params
-        return replace(fit, microbatches=prm.microbatches)
-    return PlacementModel(layout, placement, params=prm).calibrate(healthy_s).params
+    then = prm if counts is None else replace(prm, microbatches=tuple(int(c) for c in counts))
+    fit = PlacementModel(layout, placement, params=then).calibrate(healthy_s).params
+    return replace(fit, microbatches=prm.microbatches)
 
 
 def fit_slowness(layout: Layout, placement: Sequence[int] | None, slow_ranks: Mapping[int, float],
@@ -305,9 +303,11 @@ def fit_slowness(layout: Layout, placement: Sequence[int] | None, slow_ranks: Ma
     if not base or all(f <= 1.0 for f in base.values()):
         return None
 
+    def scaled(g: float) -> dict[int, float]:
+        return {r: 1.0 + g * max(0.0, f - 1.0) for r, f in base.items()}
+
     def at(g: float) -> float:
-        scaled = {r: 1.0 + g * max(0.0, f - 1.0) for r, f in base.items()}
-        return PlacementModel(layout, placement, slow_ranks=scaled, slow_links=slow_links,
+        return PlacementModel(layout, placement, slow_ranks=scaled(g), slow_links=slow_links,
                               params=params).time().total_s
 
     lo, hi = 0.0, 1.0
@@ -317,8 +317,7 @@ def fit_slowness(layout: Layout, placement: Sequence[int] | None, slow_ranks: Ma
         hi *= 2.0
         if hi > 1000.0:
             return None
-    g = bisect_rising(at, iteration_s, lo, hi, 60)
-    return {r: 1.0 + g * max(0.0, f - 1.0) for r, f in base.items()}
+    return scaled(bisect_rising(at, iteration_s, lo, hi, 60))
 
 
 #: Compute slowdown assumed for a compute suspect whose factor the pace model cannot tell.

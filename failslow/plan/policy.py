@@ -418,20 +418,23 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
             continue
         if (strategy in policy.validate_before and "validate" in job.capabilities and event.validated is None
                 and "validate" not in done):
-            v = replace(candidate("validate", event, job, costs), ok=True,
-                        why=f"confirm the suspects before {strategy}")
-            considered.append(v)
-            return Decision("validate", v.why, v, tuple(considered))
+            return _validate(event, job, costs, f"confirm the suspects before {strategy}", considered)
         if strategy in policy.validate_before and event.validated is False:
             considered[-1] = replace(c, ok=False, why="validation cleared the suspects")
             continue
         return Decision(strategy, c.why, c, tuple(considered), needs_approval=strategy in policy.approval)
     if force in (None, "auto") and _measure_links_first(event, job, done, costs, force):
-        v = replace(candidate("validate", event, job, costs), ok=True,
-                    why="measure the suspect links: no strategy can be planned on the detector's guess alone")
-        return Decision("validate", v.why, v, (*considered, v))
+        return _validate(event, job, costs,
+                         "measure the suspect links: no strategy can be planned on the detector's guess alone",
+                         considered)
     why = "; ".join(f"{c.strategy}: {c.why}" for c in considered) or "no applicable strategy"
     return Decision("ignore", why, considered=tuple(considered))
+
+
+def _validate(event: EventView, job: JobView, costs: Costs, why: str, considered: list[Candidate]) -> Decision:
+    """A validation of the event's suspects now, after the candidates `considered`."""
+    v = replace(candidate("validate", event, job, costs), ok=True, why=why)
+    return Decision("validate", why, v, (*considered, v))
 
 
 def _measure_links_first(event: EventView, job: JobView, done: set[str], costs: Costs, force: str | None) -> bool:
@@ -442,11 +445,9 @@ def _measure_links_first(event: EventView, job: JobView, done: set[str], costs: 
     congested path). A link validation measures exactly that, at the cost of a short pause, and the next
     decision plans on it. Ski rental as for any strategy: once the slowdown accumulated reaches its cost.
     """
-    if not any(s.kind == "link" for s in event.suspects) or event.validated is not None:
+    if event.validated is not None or "validate" not in job.capabilities or "validate" in done:
         return False
-    if "validate" not in job.capabilities or "validate" in done:
-        return False
-    if not validation_targets(event.suspects)["nodes"]:
+    if not validation_targets(event.suspects)["nodes"]:  # no link suspect with a node to measure
         return False
     return force is not None or event.lost_s >= costs.of("validate")
 
