@@ -24,6 +24,7 @@ class DetectorMetrics:
         self.failslow = gauge("failslow_detector_failslow")
         self.ratio = gauge("failslow_detector_slowdown_ratio")
         self.onset = gauge("failslow_detector_onset_timestamp_seconds")
+        self.baseline = gauge("failslow_detector_baseline_seconds")
         self.suspect = gauge("failslow_detector_suspect")
         ev = cat["failslow_detector_events_total"]
         self.events = Counter(ev.name.removesuffix("_total"), ev.help, list(ev.labels), registry=self.registry)
@@ -41,16 +42,19 @@ class DetectorMetrics:
         self.up.set(1)
         self._suspects: dict[str, set[tuple[str, str, str]]] = {}
 
-    def show_job(self, job: str, is_open: bool, ratio: float, onset_ts: float,
+    def show_job(self, job: str, is_open: bool, ratio: float, onset_ts: float, baseline: float,
                  suspects: list[dict[str, Any]]) -> None:
         """Export one job's event state; suspect series of a closed event are removed (bounded)."""
         self.failslow.labels(job).set(1 if is_open else 0)
         self.ratio.labels(job).set(ratio if is_open else 1.0)
         if is_open:
             self.onset.labels(job).set(onset_ts)
+            if baseline > 0:
+                self.baseline.labels(job).set(baseline)
         else:
-            with contextlib.suppress(KeyError):
-                self.onset.remove(job)
+            for g in (self.onset, self.baseline):
+                with contextlib.suppress(KeyError):
+                    g.remove(job)
         want = {(s["kind"], s["rank"], s["node"]): float(s["confidence"]) for s in suspects} if is_open else {}
         for key in self._suspects.get(job, set()) - set(want):
             with contextlib.suppress(KeyError):
@@ -60,8 +64,8 @@ class DetectorMetrics:
         self._suspects[job] = set(want)
 
     def drop_job(self, job: str) -> None:
-        """Remove every series of a job that is gone (fail-slow, ratio, onset, suspects, events)."""
-        for g in (self.failslow, self.ratio, self.onset, self.events):
+        """Remove every series of a job that is gone (fail-slow, ratio, onset, baseline, suspects, events)."""
+        for g in (self.failslow, self.ratio, self.onset, self.baseline, self.events):
             with contextlib.suppress(KeyError):
                 g.remove(job)
         for key in self._suspects.pop(job, set()):

@@ -111,7 +111,7 @@ class Detector:
 
     def _show(self, ev: JobEvent) -> None:
         self._shown.add(ev.job)
-        self.metrics.show_job(ev.job, ev.open, ev.ratio, ev.onset_ts, ev.suspects)
+        self.metrics.show_job(ev.job, ev.open, ev.ratio, ev.onset_ts, ev.baseline, ev.suspects)
 
     # ------------------------------------------------------------------ one poll
     def _samples(self, now: float) -> tuple[dict[Key, float], dict[Key, dict[str, str]], float | None]:

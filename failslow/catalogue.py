@@ -91,6 +91,9 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("failslow_detector_slowdown_ratio", "gauge",
            "Mean iteration time after the change point over the mean before it (1 when healthy).", ("job",),
            "detector"),
+    Metric("failslow_detector_baseline_seconds", "gauge",
+           "The job's healthy iteration time the open event's slowdown ratio is measured against "
+           "(removed when the event closes).", ("job",), "detector"),
     Metric("failslow_detector_onset_timestamp_seconds", "gauge",
            "Unix time of the first slow iteration of the open event.", ("job",), "detector"),
     Metric("failslow_detector_suspect", "gauge",

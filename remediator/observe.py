@@ -8,8 +8,8 @@ Queries (``J`` = the job label):
   for a restart, or gone, has no current pace);
 * ranks: ``failslow_iteration_compute_seconds{job=J}`` with its ``rank``/``dp_rank``/``pp_rank``/``node``
   labels (the pace model's input);
-* onset: ``max(failslow_detector_onset_timestamp_seconds{job=J})`` and the detector's
-  ``failslow_detector_slowdown_ratio``;
+* onset: ``max(failslow_detector_onset_timestamp_seconds{job=J})`` and the healthy level the detector
+  measures the slowdown against, ``max(failslow_detector_baseline_seconds{job=J})``;
 * healthy pace: ``quantile(0.5, quantile_over_time(0.5, failslow_iteration_duration_seconds{job=J}[2m]))``
   evaluated just before the onset (medians: the slow first iterations after a start or a restart, and
   checkpoint spikes, do not lift it as they lift an average); the window is shortened so that it starts after the job's previous event closed
@@ -78,7 +78,7 @@ class JobObservation:
     last_iteration_ts: float | None = None
     ranks: list[RankSample] = field(default_factory=list)
     onset_ts: float | None = None
-    detector_ratio: float | None = None
+    detector_baseline_s: float | None = None
 
     @property
     def computes(self) -> list[RankCompute]:
@@ -124,7 +124,7 @@ class Prometheus:
         obs.last_iteration_ts = self.scalar(f"max(failslow_last_iteration_timestamp_seconds{{{sel}}})")
         obs.ranks = self.ranks(job)
         obs.onset_ts = self.scalar(f"max(failslow_detector_onset_timestamp_seconds{{{sel}}})")
-        obs.detector_ratio = self.scalar(f"max(failslow_detector_slowdown_ratio{{{sel}}})")
+        obs.detector_baseline_s = self.scalar(f"max(failslow_detector_baseline_seconds{{{sel}}})")
         return obs
 
     def ranks(self, job: str, at: float | None = None) -> list[RankSample]:

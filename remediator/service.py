@@ -120,18 +120,20 @@ def healthy_window(onset: float, last_closed: dict[str, Any] | None) -> tuple[fl
     return end, end - start
 
 
-def healthy_estimate(before: float | None, pace: float | None, detector_ratio: float | None) -> float | None:
+def healthy_estimate(before: float | None, detector_baseline: float | None) -> float | None:
     """A new event's healthy pace: the pace measured `before` its onset (or the previous event's), and the
-    pace now over the detector's slowdown ratio (the level the detector measured the slowdown against);
-    the lower of the two that are known.
+    healthy level the detector measures the slowdown against; the lower of the two that are known.
 
-    Either can read slow iterations as healthy: the window before the onset can hold the exporter's first
+    The window before the onset can read slow iterations as healthy: it can hold the exporter's first
     iterations (a period still being learnt) or, when the previous event closed too recently to leave a clean
     window, that event's healthy pace is taken over (a compound run read 0.479 s on a 0.35 s job and then
-    judged a restart to 0.479 s not worth it). A slow stretch makes a healthy pace too high, never too low.
+    judged a restart to 0.479 s not worth it). The detector's baseline is the mean of the run before its change
+    point, the same series over the same stretch when all goes well. A slow stretch makes either too high,
+    never too low. Not the pace now over the detector's ratio: the two are read at different moments (a scrape
+    and a poll apart), and a pace falling meanwhile (the first split acts at once) puts the estimate under
+    the healthy pace, after which the job is never confirmed back.
     """
-    alt = pace / detector_ratio if pace and detector_ratio and detector_ratio > 0 else None
-    known = [x for x in (before, alt) if x is not None and x > 0 and math.isfinite(x)]
+    known = [x for x in (before, detector_baseline) if x is not None and x > 0 and math.isfinite(x)]
     return min(known) if known else None
 
 
@@ -471,7 +473,7 @@ class Remediator:
             else:
                 with contextlib.suppress(PromUnavailable):
                     healthy = await asyncio.to_thread(self.prom.healthy_pace, job, *window)
-            healthy = healthy_estimate(healthy, obs.pace_s, obs.detector_ratio)
+            healthy = healthy_estimate(healthy, obs.detector_baseline_s)
             if healthy is not None:
                 upd["healthy_s"] = healthy
         pace = obs.pace_s if obs is not None and obs.current(self.settings.stale_after_s) else None

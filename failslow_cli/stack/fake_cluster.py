@@ -62,6 +62,7 @@ class FakeCluster:
         last = GaugeMetricFamily("failslow_last_iteration_timestamp_seconds", "last", labels=RANK_LABELS)
         onset = GaugeMetricFamily("failslow_detector_onset_timestamp_seconds", "onset", labels=["job"])
         ratio = GaugeMetricFamily("failslow_detector_slowdown_ratio", "ratio", labels=["job"])
+        base = GaugeMetricFamily("failslow_detector_baseline_seconds", "baseline", labels=["job"])
         flag = GaugeMetricFamily("failslow_detector_failslow", "open event", labels=["job"])
         susp = GaugeMetricFamily("failslow_detector_suspect", "suspect", labels=["job", "kind", "rank", "node"])
         with self.lock:
@@ -76,6 +77,7 @@ class FakeCluster:
                 if s.onset_ts is not None:
                     onset.add_metric([job], s.onset_ts)
                     ratio.add_metric([job], T / s.healthy_s)
+                    base.add_metric([job], s.healthy_s)
                     for kind, rank, node in s.suspects:
                         susp.add_metric([job, kind, rank, node], 0.9)
                 else:
@@ -83,7 +85,7 @@ class FakeCluster:
         if part in ("exporter", "all"):
             yield from (it, comp, last)
         if part in ("detector", "all"):
-            yield from (onset, ratio, flag, susp)
+            yield from (onset, ratio, base, flag, susp)
 
     def set(self, job: str, series: JobSeries) -> None:
         with self.lock:

@@ -103,6 +103,9 @@ def test_compute_fault_detected_named_persisted_and_survives_restarts(stack) -> 
     # loaded machine delays scrapes.
     assert onset is not None and t_fault - 2 * SCRAPE <= onset <= t_detected
     assert _value(det, "failslow_detector_slowdown_ratio", job="train") == pytest.approx(1.4, rel=0.05)
+    # the level the ratio is measured against: the healthy iteration time (1.0 s, jitter ±1 %)
+    baseline = _value(det, "failslow_detector_baseline_seconds", job="train")
+    assert baseline == pytest.approx(1.0, rel=0.02)
     assert _value(det, "failslow_detector_events_total", job="train") == 1.0
     # The culprit is the slow rank, not its DP peer that waits for it, and no link is blamed. The first
     # analysis may run on a rate window still holding healthy scrapes (a loaded machine delays them);
@@ -130,6 +133,7 @@ def test_compute_fault_detected_named_persisted_and_survives_restarts(stack) -> 
     _poll(det2, 10)
     assert _value(det2, "failslow_detector_failslow", job="train") == 1.0
     assert _value(det2, "failslow_detector_onset_timestamp_seconds", job="train") == pytest.approx(onset)
+    assert _value(det2, "failslow_detector_baseline_seconds", job="train") == pytest.approx(baseline)
     assert _value(det2, "failslow_detector_events_total", job="train") is None  # nothing opened anew
     assert det2.engine.jobs["train"].events == 1
 
@@ -319,13 +323,15 @@ def test_cli_rejects_bad_settings(failslow_cmd: list[str]) -> None:
 def test_metrics_bounded_suspect_series() -> None:
     m = DetectorMetrics(CollectorRegistry())
     sus = [{"kind": "compute", "rank": str(r), "node": "n", "confidence": 0.9} for r in range(3)]
-    m.show_job("j", True, 1.5, 100.0, sus)
-    m.show_job("j", True, 1.5, 100.0, sus[:1])
+    m.show_job("j", True, 1.5, 100.0, 0.4, sus)
+    m.show_job("j", True, 1.5, 100.0, 0.4, sus[:1])
     out = generate_latest(m.registry).decode()
     assert out.count("failslow_detector_suspect{") == 1
-    m.show_job("j", False, 1.0, 0.0, [])
+    assert 'failslow_detector_baseline_seconds{job="j"} 0.4' in out
+    m.show_job("j", False, 1.0, 0.0, 0.0, [])
     out = generate_latest(m.registry).decode()
     assert "failslow_detector_suspect{" not in out and "failslow_detector_onset_timestamp_seconds{" not in out
+    assert "failslow_detector_baseline_seconds{" not in out
 
 
 def test_a_slow_stage_is_exported_rank_by_rank_within_the_limit() -> None:

@@ -50,16 +50,15 @@ def test_slow_paths_are_remembered_until_measured_healthy() -> None:
     assert remember_paths(more, ["n0", "n2"], []) == more
 
 
-def test_the_healthy_pace_is_the_lower_of_the_window_and_the_detectors_level() -> None:
+def test_the_healthy_pace_is_the_lower_of_the_window_and_the_detectors_baseline() -> None:
     from remediator.service import healthy_estimate
 
     # a window that held slow iterations (or a healthy pace taken over from the last event) reads too high:
-    # the detector's level (pace now over its slowdown ratio) is lower and wins
-    assert healthy_estimate(0.479, 0.644, 1.8) == pytest.approx(0.644 / 1.8)
-    # a clean window below the detector's level stands
-    assert healthy_estimate(0.35, 0.70, 1.8) == 0.35
-    # either alone, or neither
-    assert healthy_estimate(None, 0.70, 2.0) == pytest.approx(0.35)
-    assert healthy_estimate(0.35, None, 2.0) == 0.35 and healthy_estimate(0.35, 0.7, None) == 0.35
-    assert healthy_estimate(None, None, None) is None and healthy_estimate(None, 0.7, 0.0) is None
-    assert healthy_estimate(float("nan"), 0.7, 2.0) == pytest.approx(0.35)
+    # the detector's baseline is lower and wins
+    assert healthy_estimate(0.479, 0.352) == 0.352
+    # a clean window below the detector's baseline stands
+    assert healthy_estimate(0.35, 0.36) == 0.35
+    # either alone, or neither; nothing not a positive finite number counts
+    assert healthy_estimate(None, 0.35) == 0.35 and healthy_estimate(0.35, None) == 0.35
+    assert healthy_estimate(None, None) is None and healthy_estimate(None, 0.0) is None
+    assert healthy_estimate(float("nan"), 0.35) == 0.35 and healthy_estimate(0.35, float("inf")) == 0.35
