@@ -275,7 +275,38 @@ class VerifiedBOCD(_BOCDBase):
             # the level the samples now sit at, so the next real change is measured from there.
             stray = np.isin(rows, extra_rows) & ~ok & (na >= v.n_min) & (nb >= v.min_before)
             self._ref[rows[stray]] = ma[stray]
+        self._held_back(changed, index, p, lb, la)
         return self._verdict(changed, index, p, lb, la)
+
+    def _held_back(self, changed: NDArray[np.bool_], index: IntArray, p: FloatArray, lb: FloatArray,
+                   la: FloatArray) -> None:
+        """Ends (in place) the open events whose last ``n_max`` samples all sit back, no change confirmed.
+
+        A recovery in a long descent is never a confirmed change: the regime since the last change holds the
+        whole descent, its spread is wide, and the step from its median to the level now is fewer than ``z``
+        standard errors of it. The testbed's closed loop left a job at 0.35-0.41 s against 0.44 s healthy
+        after a fault of 1.2 s and three splits going back (0.68, 0.62, 0.57, 0.51, 0.45, 0.55, then 0.36 s),
+        and its event stayed open. ``n_max`` samples in a row back (under the threshold over the event's
+        baseline, or with ``RECOVER_SHARE`` of its rise taken back) are the evidence instead: the change
+        starts at the first of them, and its level after is their median.
+        """
+        v = self.verify
+        rows = np.flatnonzero(self._tracker.open & ~changed)
+        if rows.size == 0:
+            return
+        vals = self._hist.recent(rows, v.n_max)
+        held = self._tracker.back(rows, vals).all(axis=1)
+        if not held.any():
+            return
+        hit = rows[held]
+        first = np.maximum(self._hist.recent_times(hit, v.n_max)[:, 0], self._start[hit])
+        changed[hit] = True
+        index[hit] = first
+        p[hit] = self._model.start_probability(hit, self.t - first)
+        lb[hit] = self._tracker.level[hit]
+        la[hit] = _nanmedian_rows(vals[held])
+        self._start[hit] = first
+        self._ref[hit] = la[hit]
 
 
 @dataclass
@@ -404,27 +435,41 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
                 ref = float(xt)
             ref_n += 1
             ref += max(1.0 / ref_n, bcfg.ew) * (float(xt) - ref)
-        if not is_cand:
-            continue
-        mb, ma, nb, na, mad, after = _levels_1d(xs, obs, start, c, v)
-        mad_a = float(_nanmedian_rows(np.abs(after - ma))[0]) if after.shape[1] else float("nan")
-        sigma = max(1.4826 * float(np.fmax(mad, mad_a)), bcfg.scale_floor * abs(mb))
-        diff = abs(ma - mb)
-        se = sigma * float(np.sqrt(1.0 / max(na, 1) + 1.0 / max(nb, 1)))
-        mba, maa = np.array([mb]), np.array([ma])
-        if na >= v.n_min and nb >= v.min_before and diff >= v.threshold * abs(mb) and diff >= v.z * se \
+        hit = False
+        if is_cand:
+            mb, ma, nb, na, mad, after = _levels_1d(xs, obs, start, c, v)
+            mad_a = float(_nanmedian_rows(np.abs(after - ma))[0]) if after.shape[1] else float("nan")
+            sigma = max(1.4826 * float(np.fmax(mad, mad_a)), bcfg.scale_floor * abs(mb))
+            diff = abs(ma - mb)
+            se = sigma * float(np.sqrt(1.0 / max(na, 1) + 1.0 / max(nb, 1)))
+            mba, maa = np.array([mb]), np.array([ma])
+            hit = na >= v.n_min and nb >= v.min_before and diff >= v.threshold * abs(mb) and diff >= v.z * se \
                 and diff > 0 and bool(_consistent(after, mba, maa, v.threshold, v.consistency)[0]) \
                 and (bool(_ends_event(events, zero, maa)[0])
                      or (bool(_beyond_trend(mba, maa, _trends_1d(xs, obs, start, c, ma, v), np.array([se]), v)[0])
-                     and not bool(_seasonal(_by_age(xs[obs][None, :], obs[None, :], t, v.history),
-                                            np.array([t + 1 - c]), np.array([t + 1 - start]), mba, v)[0]))):
-            out.append((t, c, prob, mb, ma))
-            events.observe(one, np.array([c]), mba, maa)
-            start = c
-            ref = ma
-        elif persisted and na >= v.n_min and nb >= v.min_before:
-            ref = ma
+                         and not bool(_seasonal(_by_age(xs[obs][None, :], obs[None, :], t, v.history),
+                                                np.array([t + 1 - c]), np.array([t + 1 - start]), mba, v)[0])))
+            if hit:
+                out.append((t, c, prob, mb, ma))
+                events.observe(one, np.array([c]), mba, maa)
+                start = c
+                ref = ma
+            elif persisted and na >= v.n_min and nb >= v.min_before:
+                ref = ma
+        if not hit and _held_back_1d(events, xs, obs, v):
+            c = max(int(obs[-v.n_max]), start)
+            ma = float(np.median(xs[obs[-v.n_max:]]))
+            out.append((t, c, float(tr.cdf[t, min(t - c, last_bin)]), float(events.level[0]), ma))
+            events.observe(one, np.array([c]), events.level.copy(), np.array([ma]))
+            start, ref = c, ma
     return out
+
+
+def _held_back_1d(events: EventTracker, xs: FloatArray, obs: IntArray, v: VerifyConfig) -> bool:
+    """:meth:`VerifiedBOCD._held_back` of one series: its open event's last ``n_max`` samples all sit back."""
+    if not events.open[0] or obs.size < v.n_max:
+        return False
+    return bool(events.back(np.zeros(1, dtype=np.int64), xs[obs[-v.n_max:]][None, :]).all())
 
 
 def plain_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = None,

@@ -156,10 +156,16 @@ class EventTracker:
     def would_end(self, idx: IntArray, after: FloatArray) -> BoolArray:
         """Whether a confirmed change of series `idx` to the levels `after` would end their open events
         (False where none is open): what :meth:`observe` would decide, without changing anything."""
+        out: BoolArray = self.back(idx, np.asarray(after, dtype=np.float64)[:, None])[:, 0]
+        return out
+
+    def back(self, idx: IntArray, levels: FloatArray) -> BoolArray:
+        """Per series `idx[i]` and level `levels[i, j]`: whether the level would end the series' open event
+        (False where none is open, and for NaN)."""
         was_open = self.open[idx] & ~np.isnan(self.baseline[idx])
         peak = np.fmax(np.abs(self.peak[idx]), np.abs(self.level[idx]))
-        _, back = self._judge(self.baseline[idx], peak, np.asarray(after, dtype=np.float64))
-        out: BoolArray = was_open & back
+        _, back = self._judge(self.baseline[idx][:, None], peak[:, None], levels)
+        out: BoolArray = was_open[:, None] & back & ~np.isnan(levels)
         return out
 
     def open_baseline(self) -> FloatArray:

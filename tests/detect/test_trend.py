@@ -114,3 +114,24 @@ def test_a_recovery_in_stairs_ends_the_event(stair: int) -> None:
                 onset, _, end = res.events[0]
                 assert 150 <= onset <= 152
                 assert 210 < end <= 210 + 3 * stair + 6, (noise, seed, res.events)
+
+
+def test_a_recovery_in_a_long_descent_ends_the_event() -> None:
+    """No confirmed change ends an event whose level came back through a long noisy descent: the regime since
+    the last change holds the whole descent and the step to the level now is fewer than ``z`` standard errors
+    of it. The levels are those of a testbed closed loop (rank 1, 5 s polls): 0.42 s healthy, 1.2 s under
+    the fault, 0.68 s after the first split, then the splits going back and the fault gone. Sixteen samples
+    back in a row end the event, and a job that stays slow is not ended by the same rule."""
+    descent = [0.685, 0.695, 0.635, 0.62, 0.615, 0.604, 0.564, 0.524, 0.524, 0.449, 0.438, 0.476, 0.503, 0.528,
+               0.509, 0.567, 0.549, 0.45, 0.456, 0.459]
+    for seed in range(4):
+        x = _noisy(np.array([0.42] * 120 + [1.2] * 12 + descent + [0.36] * 40), seed, 0.02)
+        res = detect_series(x, "bocd-v")
+        mat = detect_matrix(x[:, None], "bocd-v")[0]
+        for r in (res, mat):
+            assert len(r.events) == 1, (seed, r.events)
+            onset, _, end = r.events[0]
+            assert 120 <= onset <= 122 and 132 < end <= 132 + len(descent) + 16, (seed, r.events)
+        # the same descent stopping at 0.60 s (1.43x, more than a fifth of the rise left): still open
+        slow = _noisy(np.array([0.42] * 120 + [1.2] * 12 + descent[:4] + [0.60] * 60), seed, 0.02)
+        assert [e[2] for e in detect_series(slow, "bocd-v").events] == [-1], seed
