@@ -240,7 +240,9 @@ def _past(actions: list[dict[str, Any]], dry_run_mode: bool) -> tuple[PastAction
     # Dry-run plans walk the ladder only while planning dry: once a person switches to auto, an event planned
     # dry is acted on from the bottom rung.
     return tuple(PastAction(a["strategy"], a["state"], bool(a.get("dry_run")), a.get("ended_at"),
-                            (a.get("measured") or {}).get("effective"), a.get("params") or {})
+                            (a.get("measured") or {}).get("effective"), a.get("params") or {},
+                            (a.get("predicted") or {}).get("pace_before_s"),
+                            (a.get("measured") or {}).get("pace_after_s"))
                  for a in actions if dry_run_mode or not a.get("dry_run"))
 
 

@@ -389,7 +389,8 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
             considered.append(Candidate(strategy, cost_s=costs.of(strategy),
                                         why="already planned (dry run) or rejected in this event"))
             continue
-        c = candidate(strategy, event, job, costs)
+        harmful = _harmful_split(event, policy) if strategy == "rebalance" else None
+        c = candidate(strategy, event, job, costs) if harmful is None else _undo(harmful, job, costs)
         if not c.formed:
             considered.append(c)
             continue
@@ -408,8 +409,12 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
             # Ski rental: keep renting until the rent paid reaches this strategy's price.
             considered.append(replace(c, why=f"accumulated slowdown {event.lost_s:.1f} s < cost {c.cost_s:.1f} s"))
             return Decision("ignore", considered[-1].why, considered=tuple(considered))
+        undo_why = c.why if harmful is not None else ""
         c = _gate(c, job.pace_s, job.healthy_s, remaining, policy, check_cost=force is None)
-        if c.ok and strategy == "rebalance" and "rebalance" in applied and job.pace_s and c.predicted_s:
+        if undo_why:
+            c = replace(c, why=f"{undo_why}; back: {c.why}")
+        if c.ok and strategy == "rebalance" and "rebalance" in applied and job.pace_s and c.predicted_s \
+                and harmful is None:
             gain = 1.0 - c.predicted_s / job.pace_s
             if gain < policy.retune_gain:
                 c = replace(c, ok=False, why=f"a split is in place; re-tuning gain {gain:.1%} < {policy.retune_gain:.0%}")
@@ -429,6 +434,39 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
                          considered)
     why = "; ".join(f"{c.strategy}: {c.why}" for c in considered) or "no applicable strategy"
     return Decision("ignore", why, considered=tuple(considered))
+
+
+def _harmful_split(event: EventView, policy: Policy) -> PastAction | None:
+    """The event's latest split that left the job slower than it found it (by more than ``min_gain``), since
+    the job's last move (a new placement is a new job for the model)."""
+    for a in reversed(event.actions):
+        if a.strategy in ("topology", "restart") and a.state == "succeeded" and not a.dry_run:
+            return None
+        if a.strategy == "rebalance" and a.state == "succeeded" and not a.dry_run and a.pace_before_s \
+                and a.pace_after_s and a.pace_after_s > (1.0 + policy.min_gain) * a.pace_before_s:
+            return a
+    return None
+
+
+def _undo(harmful: PastAction, job: JobView, costs: Costs) -> Candidate:
+    """S2 once a split made the job slower: only the way back, predicted at the pace measured before it.
+
+    The split was chosen on the ranks' measured compute times, and the job answered the other way: those
+    times do not say how this job's pace follows its split (a pipeline rank's compute read off its calls while
+    its sends overlap it, a CPU quota whose bite depends on how busy the rank is). Another split planned on
+    them would go the same way (the consolidation bench went [4, 4] -> [3, 5] -> [2, 6], 0.80 -> 0.92 ->
+    1.01 s). The split the job ran before is the one whose pace was measured: back to it, and the ladder goes
+    on to the strategies that do not rest on those times.
+    """
+    cost = costs.of("rebalance")
+    why = (f"a split predicted faster left the job slower ({harmful.pace_before_s:.3f} s -> "
+           f"{harmful.pace_after_s:.3f} s): the measured compute times do not predict this job's splits")
+    back = [int(c) for c in harmful.params.get("from") or []]
+    now = list(job.microbatches or [])
+    if not back or now != [int(c) for c in harmful.params.get("counts") or []]:
+        return Candidate("rebalance", cost_s=cost, why=why + "; the split it left is no longer in place")
+    return Candidate("rebalance", {"counts": back, "from": now, "undo": True}, predicted_s=harmful.pace_before_s,
+                     cost_s=cost, formed=True, why=why)
 
 
 def _validate(event: EventView, job: JobView, costs: Costs, why: str, considered: list[Candidate]) -> Decision:

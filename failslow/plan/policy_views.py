@@ -32,6 +32,8 @@ class PastAction:
     ended_at: float | None = None
     effective: bool | None = None  # None until judged
     params: Mapping[str, Any] = field(default_factory=dict)
+    pace_before_s: float | None = None  # the job's pace when the action was decided
+    pace_after_s: float | None = None  # measured once judged (None until then)
 
     @property
     def key(self) -> str:

@@ -164,6 +164,35 @@ def test_retuning_an_applied_split_needs_a_larger_gain() -> None:
     assert decide(event(actions=(past,)), jv, COSTS, Policy(retune_gain=0.0)).strategy == "rebalance"
 
 
+def test_a_split_that_made_the_job_slower_is_undone_and_no_other_split_is_planned() -> None:
+    # the model says replica 1 is slow; [6, 2] was applied and the job went from 0.80 s to 0.92 s
+    harmful = PastAction("rebalance", "succeeded", ended_at=800.0, effective=False,
+                         params={"counts": [6, 2], "from": [4, 4]}, pace_before_s=0.80, pace_after_s=0.92)
+    m, _ = model(counts=(6, 2))
+    jv = job(model=m, pace_s=0.92, microbatches=(6, 2))
+    d = decide(event(actions=(harmful,)), jv, COSTS, Policy())
+    assert d.strategy == "rebalance" and d.chosen is not None
+    assert d.chosen.params == {"counts": [4, 4], "from": [6, 2], "undo": True}
+    assert d.chosen.predicted_s == 0.80 and "left the job slower" in d.chosen.why  # the pace measured under it
+    # once back, S2 plans nothing on the same times: the ladder goes on (topology has no placement here)
+    back = PastAction("rebalance", "succeeded", ended_at=900.0, effective=True,
+                      params={"counts": [4, 4], "from": [6, 2], "undo": True}, pace_before_s=0.92, pace_after_s=0.80)
+    d = decide(event(actions=(harmful, back), lost_s=60.0), job(pace_s=0.80), COSTS, Policy())
+    assert d.strategy != "rebalance"
+    assert any(c.strategy == "rebalance" and "no longer in place" in c.why for c in d.considered)
+    # a split that helped, or one that did not help but did no harm, leaves S2 planning as before
+    mild = replace(harmful, pace_after_s=0.82)
+    assert _harmless(decide(event(actions=(mild,)), jv, COSTS, Policy(retune_gain=0.0)))
+    # and a move since makes a new job for the model
+    moved = PastAction("topology", "succeeded", ended_at=850.0, params={"placement": [0, 1, 3, 2]})
+    assert _harmless(decide(event(actions=(harmful, moved)), jv, COSTS, Policy(retune_gain=0.0)))
+
+
+def _harmless(d) -> bool:
+    return not (d.chosen is not None and d.chosen.params.get("undo")) and \
+        not any("left the job slower" in c.why for c in d.considered)
+
+
 def test_dry_run_plans_walk_the_ladder() -> None:
     ev = event(lost_s=500.0, actions=(PastAction("rebalance", "planned", dry_run=True),), validated=True)
     d = decide(ev, job(), COSTS, Policy())
