@@ -26,6 +26,7 @@ ones, and a faster trend (growth, a ramp in small stairs) is extrapolated rather
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -405,6 +406,7 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
     seen = _Observed(xs, v.history)
     events = EventTracker(1, v.threshold)  # what detect_series makes of the changes, for _ends_event
     zero, one = np.zeros(1, dtype=np.int64), np.ones(1, dtype=bool)
+    bound = math.nan  # the level that ends the open event (NaN: none open)
     for t in range(xs.shape[0]):
         run = int(run_arr[t])
         c = t - run
@@ -452,24 +454,27 @@ def verified_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = Non
             if hit:
                 out.append((t, c, prob, mb, ma))
                 events.observe(one, np.array([c]), mba, maa)
+                bound = float(events.back_bound(zero)[0])
                 start = c
                 ref = ma
             elif persisted and na >= v.n_min and nb >= v.min_before:
                 ref = ma
-        if not hit and _held_back_1d(events, xs, obs, v):
+        if not hit and _held_back_1d(bound, xs, obs, v):
             c = max(int(obs[-v.n_max]), start)
             ma = float(np.median(xs[obs[-v.n_max:]]))
             out.append((t, c, float(tr.cdf[t, min(t - c, last_bin)]), float(events.level[0]), ma))
             events.observe(one, np.array([c]), events.level.copy(), np.array([ma]))
+            bound = float(events.back_bound(zero)[0])
             start, ref = c, ma
     return out
 
 
-def _held_back_1d(events: EventTracker, xs: FloatArray, obs: IntArray, v: VerifyConfig) -> bool:
-    """:meth:`VerifiedBOCD._held_back` of one series: its open event's last ``n_max`` samples all sit back."""
-    if not events.open[0] or obs.size < v.n_max:
+def _held_back_1d(bound: float, xs: FloatArray, obs: IntArray, v: VerifyConfig) -> bool:
+    """:meth:`VerifiedBOCD._held_back` of one series: the last ``n_max`` samples all sit at or under `bound`
+    (``EventTracker.back_bound`` of its open event; NaN when none is open)."""
+    if obs.size < v.n_max or not abs(float(xs[obs[-1]])) <= bound:  # the newest first: usually all it takes
         return False
-    return bool(events.back(np.zeros(1, dtype=np.int64), xs[obs[-v.n_max:]][None, :]).all())
+    return bool(np.all(np.abs(xs[obs[-v.n_max:]]) <= bound))
 
 
 def plain_changes(x: NDArray[np.floating[Any]], bocd: BOCDConfig | None = None,

@@ -156,16 +156,25 @@ class EventTracker:
     def would_end(self, idx: IntArray, after: FloatArray) -> BoolArray:
         """Whether a confirmed change of series `idx` to the levels `after` would end their open events
         (False where none is open): what :meth:`observe` would decide, without changing anything."""
-        out: BoolArray = self.back(idx, np.asarray(after, dtype=np.float64)[:, None])[:, 0]
+        out: BoolArray = np.abs(np.asarray(after, dtype=np.float64)) <= self.back_bound(idx)
         return out
 
     def back(self, idx: IntArray, levels: FloatArray) -> BoolArray:
         """Per series `idx[i]` and level `levels[i, j]`: whether the level would end the series' open event
         (False where none is open, and for NaN)."""
-        was_open = self.open[idx] & ~np.isnan(self.baseline[idx])
-        peak = np.fmax(np.abs(self.peak[idx]), np.abs(self.level[idx]))
-        _, back = self._judge(self.baseline[idx][:, None], peak[:, None], levels)
-        out: BoolArray = was_open[:, None] & back & ~np.isnan(levels)
+        out: BoolArray = np.abs(levels) <= self.back_bound(idx)[:, None]
+        return out
+
+    def back_bound(self, idx: IntArray) -> FloatArray:
+        """The highest level (magnitude) that ends the open event of each series `idx` (:meth:`_judge`: under
+        the threshold over the baseline, or with ``RECOVER_SHARE`` of the rise to the peak taken back); NaN
+        where none is open, so that no level ends it."""
+        base = np.abs(self.baseline[idx])
+        rise = np.fmax(np.abs(self.peak[idx]), np.abs(self.level[idx])) - base
+        with np.errstate(invalid="ignore"):
+            bound = np.where(rise > 0, np.fmax(base * (1.0 + self.threshold), base + (1.0 - RECOVER_SHARE) * rise),
+                             base * (1.0 + self.threshold))
+        out: FloatArray = np.where(self.open[idx] & ~np.isnan(base), bound, np.nan)
         return out
 
     def open_baseline(self) -> FloatArray:
