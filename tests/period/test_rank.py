@@ -123,3 +123,32 @@ def test_a_loaded_pipeline_stage_is_never_read_at_twice_its_period(tmp_path: Pat
         # every iteration after the first (set-up) one is one trainer iteration, never two
         assert np.all(got[1:] < 1.5 * np.median(truth[1:])), (chunk, np.round(got, 3))
         tk.close()
+
+
+def test_calls_issued_together_count_once_inside_calls(tmp_path: Path) -> None:
+    """A pipeline stage's send and receive of one batch_isend_irecv wait together: the time inside calls is
+    the time covered by at least one call, not the sum of their durations (which read a waiting stage as
+    doing no compute at all)."""
+    w = RingWriter.create(directory=tmp_path, job="j", rank=1, world_size=2, capacity=1 << 14, pid=4243)
+    compute, wait, reduce_s = 0.2, 0.1, 0.01
+    t = T0_NS
+    try:
+        w.append(Op.COMM_INIT, 0x101, 2, 1, -1, 0, 0, 255, t)
+        w.append(Op.COMM_INIT, 0x102, 2, 1, -1, 0, 0, 255, t)
+        for _ in range(40):
+            for _mb in range(4):
+                t += round(compute / 4 * 1e9)
+                t1 = t + round(wait * 1e9)
+                for op in (Op.SEND, Op.RECV):  # issued together, both done when the batch is
+                    w.append(int(op), 0x101, 2, 1, 0, 1024, 4096, 7, t, t, t1, int(Flag.HOST_TIMES))
+                t = t1
+            t1 = t + round(reduce_s * 1e9)
+            w.append(int(Op.ALLREDUCE), 0x102, 2, 1, -1, 1024, 4096, 7, t, t, t1, int(Flag.HOST_TIMES))
+            t = t1
+    finally:
+        w.close()
+    tk = replay_ring(w.path)
+    arr = np.asarray(tk.split)
+    assert len(arr) > 0
+    assert np.median(arr[:, 0]) == pytest.approx(compute + 4 * wait + reduce_s, rel=0.01)
+    assert np.median(arr[:, 1]) == pytest.approx(4 * wait + reduce_s, rel=0.01)  # not 8 * wait + reduce_s
