@@ -55,12 +55,16 @@ CPU_GEMM_SIZE, CPU_GEMM_WINDOWS, CPU_GEMM_WINDOW_S, CPU_GEMM_WARMUP_S = 384, 3, 
 CUDA_GEMM_SIZE, CUDA_GEMM_REPS = 4096, 50
 # Link test: a 256 KiB probe takes ~0.1 s through a 20 mbit tbf and well under 1 ms on a healthy veth,
 # where per-message costs would dominate it: a probe faster than LINK_PROBE_QUICK_S is followed by 4 MiB
-# transfers (~4 ms there). Each direction repeats the transfer until LINK_MIN_S has passed (at least 2, at
-# most LINK_MAX_REPS times) and keeps the best rate, so scheduling noise on the shared host does not make a
+# transfers (~4 ms there). Each direction repeats the transfer until LINK_MIN_S has passed at the size it
+# ends on (at least 2 transfers of that size, at most LINK_MAX_REPS in all) and keeps the best rate, so scheduling noise on the shared host does not make a
 # healthy link look slow. Why longer than a CFS period (0.1 s): an end whose rank runs under a CPU quota (a
 # compute fault) only runs a part of each period, and the best transfer must come from a part where it runs.
 LINK_BYTES, LINK_LARGE_BYTES, LINK_PROBE_QUICK_S = 256 * 1024, 4 * 1024 * 1024, 0.01
 LINK_PINGS, LINK_MAX_REPS, LINK_MIN_S = 10, 1000, 0.12
+# Pings likewise go on for LINK_PING_MIN_S (at least LINK_PINGS, at most LINK_MAX_PINGS) and the quickest
+# counts: ten pings in a row took 0.5-0.9 ms each twice in eight validations when one end ran under a CPU
+# quota, against ~0.07 ms on the other links.
+LINK_PING_MIN_S, LINK_MAX_PINGS = 0.12, 5000
 RECENT_ITERS = 5  # iterations before the validation that its pause is measured against
 #: A link is slow below this fraction of the reference here, not the core's 0.5: healthy veth links between
 #: namespaces on the loaded 2-core host measured 1.0-3.3 GB/s in one validation (a 3x spread from CPU
@@ -138,11 +142,14 @@ def _links_in_rank(rank: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
         # src times a send of n floats + a 1-float ack, repeated while the link is quick; before each, a
         # 1-float message with n (0: done). The probe size first; a link that moves it quickly gets the
         # large size, whose time fixed per-message costs (wake-ups, copies) no longer dominate.
-        go, best, reps, t_start, n = torch.zeros(1), 0.0, 0, time.monotonic(), probe
+        # The window (2 transfers, LINK_MIN_S) counts at the size the link ends on: a probe stalled by the
+        # host must not use up the time of the large transfers that follow it.
+        go, best, reps, n = torch.zeros(1), 0.0, 0, probe
+        at_size, t_size = 0, time.monotonic()
         while True:
             if rank == src:
-                more = reps < 2 or (reps < int(spec.get("max_reps", LINK_MAX_REPS))
-                                    and time.monotonic() - t_start < float(spec.get("min_s", LINK_MIN_S)))
+                more = at_size < 2 or (reps < int(spec.get("max_reps", LINK_MAX_REPS))
+                                       and time.monotonic() - t_size < float(spec.get("min_s", LINK_MIN_S)))
                 go.fill_(float(n) if more else 0.0)
                 dist.send(go, dst)
                 if not more:
@@ -152,8 +159,9 @@ def _links_in_rank(rank: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
                 dist.recv(small, dst)
                 el = time.perf_counter() - t0
                 best = max(best, n * 4 / el)
-                if el < LINK_PROBE_QUICK_S:
-                    n = large
+                at_size += 1
+                if el < LINK_PROBE_QUICK_S and n != large:
+                    n, at_size, t_size = large, 0, time.monotonic()
             else:
                 dist.recv(go, src)
                 got = int(go.item())
@@ -169,15 +177,25 @@ def _links_in_rank(rank: int, spec: dict[str, Any]) -> list[dict[str, Any]]:
             if rank not in (a, b):
                 continue
             rec: dict[str, Any] = {"round": k, "a": a, "b": b}
-            rtts = []
-            for _ in range(int(spec.get("pings", LINK_PINGS))):  # before the bulk transfers drain a tbf bucket
-                if rank == a:
+            rtts = []  # before the bulk transfers drain a tbf bucket; a's 1.0 asks for one more, 0.0 ends
+            if rank == a:
+                t_start = time.monotonic()
+                while True:
+                    more = len(rtts) < int(spec.get("pings", LINK_PINGS)) or (
+                        len(rtts) < LINK_MAX_PINGS
+                        and time.monotonic() - t_start < float(spec.get("ping_min_s", LINK_PING_MIN_S)))
+                    small.fill_(1.0 if more else 0.0)
                     t0 = time.perf_counter()
                     dist.send(small, b)
+                    if not more:
+                        break
                     dist.recv(small, b)
                     rtts.append(time.perf_counter() - t0)
-                else:
+            else:
+                while True:
                     dist.recv(small, a)
+                    if small.item() == 0.0:
+                        break
                     dist.send(small, a)
             if rtts:  # the quickest round trip: scheduling on the shared host only ever adds to it
                 rec["latency_s"] = min(rtts) / 2
@@ -404,7 +422,8 @@ def validate_links(tb: Testbed, nodes: Sequence[int] | None = None, ranks: Seque
     Returns:
         ``{"id", "at_iteration", "pause_s", "held_s", "iteration_s", "recent_iteration_s", "verdict", "nodes"
         (named slow), "slow_links", "rounds", "links": [{"a", "b", "bandwidth_Bps", "latency_s", "a_to_b_Bps",
-        "b_to_a_Bps"}]}``.
+        "b_to_a_Bps", and per direction the transfer size and count it ended on: "a_to_b_bytes", "a_to_b_reps",
+        "b_to_a_bytes", "b_to_a_reps"}]}``.
 
     Raises:
         InputError: fewer than 2 nodes, a node with no rank on it, an unknown topology, a bad rank.
@@ -446,7 +465,8 @@ def validate_links(tb: Testbed, nodes: Sequence[int] | None = None, ranks: Seque
                 m["latency_s"] = rec["latency_s"]
             d = rec.get("direction")
             if d is not None:
-                m["a_to_b_Bps" if node_of[d["src"]] == key[0] else "b_to_a_Bps"] = d["bandwidth_Bps"]
+                way = "a_to_b" if node_of[d["src"]] == key[0] else "b_to_a"
+                m[f"{way}_Bps"], m[f"{way}_bytes"], m[f"{way}_reps"] = d["bandwidth_Bps"], d["bytes"], d["reps"]
     links = []
     for rnd in node_rounds:
         for a, b in rnd:
