@@ -149,9 +149,18 @@ class EventTracker:
         mitigation that halves the slowdown, then the fault's end) must end the event too.
         """
         up = np.abs(lvl) > np.abs(base) * (1.0 + self.threshold)
-        rise = peak - np.abs(base)
-        undone = (rise > 0) & (np.abs(lvl) - np.abs(base) <= (1.0 - RECOVER_SHARE) * rise)
-        return up, ~up | undone
+        with np.errstate(invalid="ignore"):
+            back = ~up | (np.abs(lvl) <= self._bound(np.abs(base), peak - np.abs(base)))
+        return up, back
+
+    def _bound(self, base: FloatArray, rise: FloatArray) -> FloatArray:
+        """The recovery rule of :meth:`_judge` as the highest level that is back, for healthy levels `base`
+        (magnitudes) and rises `rise` to the peak."""
+        with np.errstate(invalid="ignore"):
+            out: FloatArray = np.where(rise > 0, np.fmax(base * (1.0 + self.threshold),
+                                                         base + (1.0 - RECOVER_SHARE) * rise),
+                                       base * (1.0 + self.threshold))
+        return out
 
     def would_end(self, idx: IntArray, after: FloatArray) -> BoolArray:
         """Whether a confirmed change of series `idx` to the levels `after` would end their open events
@@ -170,10 +179,7 @@ class EventTracker:
         the threshold over the baseline, or with ``RECOVER_SHARE`` of the rise to the peak taken back); NaN
         where none is open, so that no level ends it."""
         base = np.abs(self.baseline[idx])
-        rise = np.fmax(np.abs(self.peak[idx]), np.abs(self.level[idx])) - base
-        with np.errstate(invalid="ignore"):
-            bound = np.where(rise > 0, np.fmax(base * (1.0 + self.threshold), base + (1.0 - RECOVER_SHARE) * rise),
-                             base * (1.0 + self.threshold))
+        bound = self._bound(base, np.fmax(np.abs(self.peak[idx]), np.abs(self.level[idx])) - base)
         out: FloatArray = np.where(self.open[idx] & ~np.isnan(base), bound, np.nan)
         return out
 

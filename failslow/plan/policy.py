@@ -452,11 +452,10 @@ def _undo(harmful: PastAction, job: JobView, costs: Costs) -> Candidate:
     """S2 once a split made the job slower: only the way back, predicted at the pace measured before it.
 
     The split was chosen on the ranks' measured compute times, and the job answered the other way: those
-    times do not say how this job's pace follows its split (a pipeline rank's compute read off its calls while
-    its sends overlap it, a CPU quota whose bite depends on how busy the rank is). Another split planned on
-    them would go the same way (the consolidation bench went [4, 4] -> [3, 5] -> [2, 6], 0.80 -> 0.92 ->
-    1.01 s). The split the job ran before is the one whose pace was measured: back to it, and the ladder goes
-    on to the strategies that do not rest on those times.
+    times do not predict how this job's pace follows its split, and another split planned on them can go the
+    same way (a consolidation run went [4, 4] -> [3, 5] -> [2, 6], 0.80 -> 0.92 -> 1.01 s). The split the job
+    ran before is the one whose pace was measured: back to it, and the ladder goes on to the strategies that
+    do not rest on those times.
     """
     cost = costs.of("rebalance")
     why = (f"a split predicted faster left the job slower ({harmful.pace_before_s:.3f} s -> "
