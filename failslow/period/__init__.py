@@ -14,7 +14,7 @@ over a whole recorded sequence.
 Modules: ``symbols`` (calls as symbols, the lags at which they repeat), ``gaps`` (the gap signal and the
 gap split), ``folds`` (the lag the gaps choose, the block test), ``confidence`` (the threshold, cycles and
 regularity of iteration times), ``acf`` (`estimate_period`), ``boundaries`` (where iterations begin and are
-marked), ``template`` (the tracker's gap template), ``tracker`` (`PeriodTracker`), ``iterations``
+marked), ``template`` (the tracker's gap template), ``tracker`` (`PeriodTracker`), ``verdict`` (`PeriodVerdict`), ``iterations``
 (`infer_iterations`), ``rank`` (`RankTrack`: one ring's records to iterations, the compute/comm split
 and per-communicator totals, as the exporter reads them live), ``io`` (call files: CSV, shim-dump JSON
 lines), ``profiler_trace`` (PyTorch profiler traces), ``synth`` (seeded synthetic call streams with ground truth), ``numeric`` (array aliases, FFT sums).
@@ -38,7 +38,8 @@ from failslow.period.profiler_trace import (
 )
 from failslow.period.rank import RankTrack, replay_ring
 from failslow.period.symbols import encode_symbols, symbol_mismatch
-from failslow.period.tracker import PeriodTracker, PeriodVerdict
+from failslow.period.tracker import PeriodTracker
+from failslow.period.verdict import PeriodVerdict
 
 __all__ = [
     "CONFIDENCE_MIN", "TRACE_SUFFIXES", "CallSequence", "GapSplit", "IterationResult", "PeriodEstimate",

@@ -164,7 +164,7 @@ class RankTrack:
         # previous and the next pipeline stage, and only the peer tells a micro-batch from an iteration.
         peer = calls["peer"].astype(np.int64)
         v = self.tracker.update(t, cop, comm.view(np.int64), calls["bytes"].astype(np.int64), peer, seq=cseq,
-                                t_end=t_end)
+                                t_end=t_end, sync=~np.isin(cop, _P2P))
         self.period = v.period
         self.confidence = v.confidence
         self.iterations_total = v.iterations_total

@@ -23,8 +23,9 @@ from failslow.period.confidence import CONFIDENCE_MIN
 from failslow.period.folds import MULTIPLE_REPEATS, blocks_differ, trust_switch
 from failslow.period.gaps import gap_signal
 from failslow.period.numeric import FloatArray, IntArray
-from failslow.period.symbols import encode_symbols
+from failslow.period.symbols import encode_symbols, marks_iteration
 from failslow.period.template import GapTemplate
+from failslow.period.verdict import PeriodVerdict
 
 #: A tracker adopts a period when its stretch holds this many repeats of it and an estimate on a
 #: shorter stretch (the previous one, or the first two thirds) agrees (lock-in hysteresis).
@@ -32,34 +33,6 @@ LOCK_REPEATS: Final = 16
 #: ... and, for periods of several calls, at least this many calls (a period of 8 identical-looking
 #: Send/Recv pairs shows as 2 until the block test can look at 4 times that).
 LOCK_MIN_CALLS: Final = 96
-
-
-@dataclass(frozen=True)
-class PeriodVerdict:
-    """What one `PeriodTracker.update` learned.
-
-    Attributes:
-        period: Calls per iteration: the last period locked in (kept while a change alarm is being
-            re-estimated), or ``None`` before the first.
-        changed: The period changed (or was first found) in this update.
-        iteration_s: Durations of iterations completed in this update, oldest first.
-        iteration_end_t: Time (same clock as the input) each of those iterations ended.
-        iterations_total: Iterations emitted since the tracker was created.
-        mean_iteration_s: Mean over the last ``window`` emitted iterations, or ``None`` if none yet.
-        last_iteration_end_t: End time of the most recent emitted iteration, or ``None``.
-        confidence: Confidence in ``period`` (0 when none), from the latest estimate of it on the current
-            stretch; cut below `CONFIDENCE_MIN` when the gap split finds whole iterations of another length.
-            Below `CONFIDENCE_MIN` the period and its iteration times are not to be shown.
-    """
-
-    period: int | None
-    changed: bool
-    iteration_s: FloatArray
-    iteration_end_t: FloatArray
-    iterations_total: int
-    mean_iteration_s: float | None
-    last_iteration_end_t: float | None
-    confidence: float
 
 
 @dataclass
@@ -101,6 +74,7 @@ class PeriodTracker:
     _t: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
     _te: FloatArray = field(default_factory=lambda: np.empty(0), repr=False)
     _keys: npt.NDArray[np.int64] = field(default_factory=lambda: np.empty((0, 0), dtype=np.int64), repr=False)
+    _sync: npt.NDArray[np.bool_] = field(default_factory=lambda: np.empty(0, dtype=bool), repr=False)
     _base: int = 0  # absolute index of _t[0]
     _seg: int = 0  # absolute index where the current stationary stretch starts
     _period: int | None = None
@@ -147,6 +121,7 @@ class PeriodTracker:
         *features: npt.ArrayLike,
         seq: npt.ArrayLike | None = None,
         t_end: npt.ArrayLike | None = None,
+        sync: npt.ArrayLike | None = None,
     ) -> PeriodVerdict:
         """Add calls (in order) and report iterations completed by them.
 
@@ -160,6 +135,9 @@ class PeriodTracker:
                 at the start of their first call, or at the end of their last call when most of the
                 iteration passes before the first call (see `failslow.period.boundaries.mark_at_end`);
                 otherwise between the mean start times of their calls.
+            sync: Optional per-call flags: a collective over a group (not point-to-point). A period holding
+                one of a kind that occurs once in it is not replaced by a multiple of itself
+                (`failslow.period.symbols.marks_iteration`).
 
         Raises:
             InputError: lengths differ, times are not finite, or the feature count changes.
@@ -204,9 +182,14 @@ class PeriodTracker:
         self._t = np.concatenate((self._t, t))
         self._te = np.concatenate((self._te, te))
         self._keys = np.concatenate((self._keys, keys))
+        sy = np.zeros(len(t), dtype=bool) if sync is None else np.asarray(sync, dtype=bool).reshape(-1)
+        if len(sy) != len(t):
+            raise InputError("PeriodTracker.update: sync and t_start differ in length")
+        self._sync = np.concatenate((self._sync, sy))
         if len(self._t) > self.buffer:
             drop = len(self._t) - self.buffer
             self._t, self._te, self._keys = self._t[drop:], self._te[drop:], self._keys[drop:]
+            self._sync = self._sync[drop:]
             self._base += drop
             if self._seg < self._base:
                 self._seg, self._seg_origin = self._base, False
@@ -287,6 +270,8 @@ class PeriodTracker:
         lo = self._end() - n - self._base
         sym = encode_symbols(*self._keys[lo:].T) if self._keys.shape[1] else None
         est = estimate_period(self._t[lo:], sym, min_repeats=self.min_repeats)
+        if est is not None and est.period != p and est.period % p == 0 and self._marked(p):
+            est = None
         if est is not None and est.period != p and est.period % p == 0:
             # a multiple is judged by the block test over MULTIPLE_REPEATS of its repeats (see trust_switch)
             lo = max(self._seg, self._end() - MULTIPLE_REPEATS * est.period) - self._base
@@ -340,6 +325,9 @@ class PeriodTracker:
             self._next_try = self._end() + max(8, len(t) // 4)
             return False
         p = est.period
+        if self._period is not None and p != self._period and p % self._period == 0 and self._marked(self._period):
+            self._cand = self._period
+            return False
         if p == self._shown:
             if p == self._period:  # not while a change is re-estimated on a short stretch
                 self._shown_conf = est.confidence
@@ -420,6 +408,10 @@ class PeriodTracker:
         self._mark_end = mark_at_end(self._t, self._te, self._base, self._seg, self._anchor, self._period)
         self._fit_template()
         return True
+
+    def _marked(self, p: int) -> bool:
+        """Whether the latest `p` calls hold a once-per-period collective (see `marks_iteration`)."""
+        return len(self._t) >= p and self._keys.shape[1] > 0 and marks_iteration(self._keys[-p:], self._sync[-p:])
 
     def _phase_anchor(self, p: int, est: PeriodEstimate, sym: IntArray | None) -> int:
         """Absolute index of a call that begins an iteration of period ``p`` in the current stretch."""

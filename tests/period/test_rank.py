@@ -125,6 +125,39 @@ def test_a_loaded_pipeline_stage_is_never_read_at_twice_its_period(tmp_path: Pat
         tk.close()
 
 
+def test_a_quota_that_paces_iterations_unevenly_does_not_multiply_the_period(tmp_path: Path) -> None:
+    """Recorded for real: stage 1 of replica 1 of a DP2xPP2 testbed job (the consolidation run), under a 0.2
+    CPU quota from 40 s on, its split moved from 4 to 3, then 2 micro-batches (9, 7, 5 calls per iteration,
+    one gradient all-reduce each).
+
+    Under the quota its iterations ran long and short by turns (CFS periods falling alike every other
+    iteration), and the block test took that for micro-batches: the tracker read 18 and 36 calls per
+    iteration and emitted 550 (256-record reads) or 170 (16-record reads) of its 628 iterations, so the
+    exporter's gauges held stale values for tens of seconds at a time.
+    """
+    import lzma
+    from io import BytesIO
+
+    recs = np.load(BytesIO(lzma.decompress((DATA / "dp2pp2_stage1_quota.npy.xz").read_bytes())))
+    w = RingWriter.create(directory=tmp_path, job="cons", rank=2, world_size=4,
+                          layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1}, capacity=1 << 13, pid=4244)
+    try:
+        for r in recs:
+            w.append(int(r["op"]), int(r["comm"]), int(r["nranks"]), int(r["comm_rank"]), int(r["peer"]),
+                     int(r["count"]), int(r["bytes"]), int(r["dtype"]), int(r["t_enqueue_ns"]),
+                     int(r["t_start_ns"]), int(r["t_end_ns"]), int(r["flags"]))
+    finally:
+        w.close()
+    ar = recs[recs["op"] == int(Op.ALLREDUCE)]["t_enqueue_ns"] * 1e-9
+    allreduces, longest = len(ar), float(np.diff(ar)[1:].max())  # the longest real iteration: 1.20 s
+    for chunk in (256, 16):
+        tk = replay_ring(w.path, chunk=chunk)
+        got = np.array([d for d, _ in tk.history or []])
+        assert tk.period == 5 and len(got) >= allreduces - 6, (chunk, len(got), allreduces)
+        assert got[1:].max() < 1.05 * longest, (chunk, np.round(np.sort(got)[-5:], 3))  # none spans two
+        tk.close()
+
+
 def test_calls_issued_together_count_once_inside_calls(tmp_path: Path) -> None:
     """A pipeline stage's send and receive of one batch_isend_irecv wait together: the time inside calls is
     the time covered by at least one call, not the sum of their durations (which read a waiting stage as
