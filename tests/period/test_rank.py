@@ -95,20 +95,14 @@ def test_lost_records_restart_the_tracker_without_merging_iterations(tmp_path: P
 DATA = Path(__file__).parent / "data" / "rings"
 
 
-def test_a_loaded_pipeline_stage_is_never_read_at_twice_its_period(tmp_path: Path) -> None:
-    """Recorded for real: stage 1 of a DP1xPP4 testbed job (16 calls per iteration) on a loaded machine.
-
-    Read in 5-record polls, a short stretch of it once made the block test see two different halves in
-    32 calls, and the gauge showed 7 iterations twice as long as the trainer measured (39% off).
-    """
-    import json
+def _ring_of(name: str, directory: Path, *, rank: int, layout: dict[str, int]) -> tuple[Path, np.ndarray]:
+    """A ring holding the recorded records ``DATA/<name>.npy.xz`` (one rank's, as kept from a testbed job)."""
     import lzma
     from io import BytesIO
 
-    recs = np.load(BytesIO(lzma.decompress((DATA / "pp4_stage1_loaded.npy.xz").read_bytes())))
-    truth = np.array(json.loads((DATA / "pp4_stage1_loaded.json").read_text())["iteration_time_s"])
-    w = RingWriter.create(directory=tmp_path, job="pp4", rank=1, world_size=4,
-                          layout={"tp": 1, "pp": 4, "dp": 1, "cp": 1}, capacity=1 << 12, pid=4243)
+    recs = np.load(BytesIO(lzma.decompress((DATA / f"{name}.npy.xz").read_bytes())))
+    w = RingWriter.create(directory=directory, job=name, rank=rank, world_size=4, layout=layout,
+                          capacity=1 << 13, pid=4243)
     try:
         for r in recs:
             w.append(int(r["op"]), int(r["comm"]), int(r["nranks"]), int(r["comm_rank"]), int(r["peer"]),
@@ -116,8 +110,21 @@ def test_a_loaded_pipeline_stage_is_never_read_at_twice_its_period(tmp_path: Pat
                      int(r["t_start_ns"]), int(r["t_end_ns"]), int(r["flags"]))
     finally:
         w.close()
+    return w.path, recs
+
+
+def test_a_loaded_pipeline_stage_is_never_read_at_twice_its_period(tmp_path: Path) -> None:
+    """Recorded for real: stage 1 of a DP1xPP4 testbed job (16 calls per iteration) on a loaded machine.
+
+    Read in 5-record polls, a short stretch of it once made the block test see two different halves in
+    32 calls, and the gauge showed 7 iterations twice as long as the trainer measured (39% off).
+    """
+    import json
+
+    truth = np.array(json.loads((DATA / "pp4_stage1_loaded.json").read_text())["iteration_time_s"])
+    path, _ = _ring_of("pp4_stage1_loaded", tmp_path, rank=1, layout={"tp": 1, "pp": 4, "dp": 1, "cp": 1})
     for chunk in (256, 5):
-        tk = replay_ring(w.path, chunk=chunk)
+        tk = replay_ring(path, chunk=chunk)
         got = np.array([d for d, _ in tk.history or []])
         assert tk.period == 16 and len(got) >= 50
         # every iteration after the first (set-up) one is one trainer iteration, never two
@@ -135,23 +142,11 @@ def test_a_quota_that_paces_iterations_unevenly_does_not_multiply_the_period(tmp
     iteration and emitted 550 (256-record reads) or 170 (16-record reads) of its 628 iterations, so the
     exporter's gauges held stale values for tens of seconds at a time.
     """
-    import lzma
-    from io import BytesIO
-
-    recs = np.load(BytesIO(lzma.decompress((DATA / "dp2pp2_stage1_quota.npy.xz").read_bytes())))
-    w = RingWriter.create(directory=tmp_path, job="cons", rank=2, world_size=4,
-                          layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1}, capacity=1 << 13, pid=4244)
-    try:
-        for r in recs:
-            w.append(int(r["op"]), int(r["comm"]), int(r["nranks"]), int(r["comm_rank"]), int(r["peer"]),
-                     int(r["count"]), int(r["bytes"]), int(r["dtype"]), int(r["t_enqueue_ns"]),
-                     int(r["t_start_ns"]), int(r["t_end_ns"]), int(r["flags"]))
-    finally:
-        w.close()
+    path, recs = _ring_of("dp2pp2_stage1_quota", tmp_path, rank=2, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1})
     ar = recs[recs["op"] == int(Op.ALLREDUCE)]["t_enqueue_ns"] * 1e-9
     allreduces, longest = len(ar), float(np.diff(ar)[1:].max())  # the longest real iteration: 1.20 s
     for chunk in (256, 16):
-        tk = replay_ring(w.path, chunk=chunk)
+        tk = replay_ring(path, chunk=chunk)
         got = np.array([d for d, _ in tk.history or []])
         assert tk.period == 5 and len(got) >= allreduces - 6, (chunk, len(got), allreduces)
         assert got[1:].max() < 1.05 * longest, (chunk, np.round(np.sort(got)[-5:], 3))  # none spans two
