@@ -16,6 +16,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,11 +45,25 @@ def require_binary(path: str) -> str:
     return path
 
 
+_HANDED_OUT: set[int] = set()
+_HANDED_OUT_LOCK = threading.Lock()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 that was free a moment ago and that this process has not handed out before.
+
+    Ports are taken several at a time before any of them is bound (one per service of a stack), and the
+    kernel may offer a just-released port again: a bench run once gave Redis and the remediator the same one.
+    """
+    with _HANDED_OUT_LOCK:
+        for _ in range(1000):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.add(port)
+                return port
+    raise RuntimeError("no free loopback port that was not handed out before")
 
 
 def _targets(addrs: list[str]) -> list[dict[str, Any]]:
