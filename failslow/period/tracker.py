@@ -331,6 +331,16 @@ class PeriodTracker:
         if p == self._shown:
             if p == self._period:  # not while a change is re-estimated on a short stretch
                 self._shown_conf = est.confidence
+                if est.confidence < CONFIDENCE_MIN and len(t) > 4 * self.min_repeats * p:
+                    # Iterations that slowed 3x within the stretch read as irregular though each pace is
+                    # regular (a DP-only job under a CPU quota lost its gauges for 2,048 iterations): the
+                    # period in force is as sure as its latest iterations say, unless the stretch holds a
+                    # gap far longer than they are (the period is then a fraction of the iteration).
+                    k = 4 * self.min_repeats * p
+                    late = estimate_period(t[-k:], None if sym is None else sym[-k:], min_repeats=self.min_repeats)
+                    if late is not None and late.period == p and len(late.iteration_s) and len(est.iteration_s) \
+                            and est.iteration_s.max() <= DOUBT_FACTOR * float(np.median(late.iteration_s)):
+                        self._shown_conf = max(est.confidence, late.confidence)
         elif est.method == "gaps" and self._shown is not None:
             # Whole iterations of another length between gaps far longer than any other: the period shown is
             # wrong (e.g. a fraction of 400 alike calls per iteration, locked in before the first long gap).

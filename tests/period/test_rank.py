@@ -153,6 +153,32 @@ def test_a_quota_that_paces_iterations_unevenly_does_not_multiply_the_period(tmp
         tk.close()
 
 
+def test_a_one_call_period_stays_shown_when_a_fault_slows_its_iterations(tmp_path: Path) -> None:
+    """Recorded for real: rank 1 of a DP4xPP1 testbed job (one all-reduce per iteration), 0.6 s per
+    iteration until a 0.12 CPU quota slowed it to ~2 s.
+
+    A period of one call is only as sure as its iteration times are regular, and over a stretch holding
+    both paces they are not: the full re-estimate put the confidence at 0, and with the next one 2,048
+    calls away the exporter hid every iteration gauge of the job for the rest of the run (the remediator
+    never acted).
+    """
+    from failslow.period.confidence import CONFIDENCE_MIN
+
+    path, recs = _ring_of("dp4_rank1_quota", tmp_path, rank=1, layout={"tp": 1, "pp": 1, "dp": 4, "cp": 1})
+    for chunk in (16, 4):
+        reader = RingReader(path, pending_timeout_s=0.0)
+        tk = RankTrack(path, reader, window=20, buffer=8192)
+        all_recs = reader.read_new()
+        shown = []
+        for i in range(0, len(all_recs), chunk):  # as successive polls read them
+            tk.ingest(all_recs[i:i + chunk])
+            shown.append(tk.period == 1 and tk.confidence >= CONFIDENCE_MIN)
+        first = shown.index(True)
+        assert all(shown[first:]), (chunk, shown.index(False, first) * chunk, len(all_recs))
+        assert tk.iterations_total >= int((recs["op"] == int(Op.ALLREDUCE)).sum()) - 3
+        tk.close()
+
+
 def test_calls_issued_together_count_once_inside_calls(tmp_path: Path) -> None:
     """A pipeline stage's send and receive of one batch_isend_irecv wait together: the time inside calls is
     the time covered by at least one call, not the sum of their durations (which read a waiting stage as
