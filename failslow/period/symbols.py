@@ -90,7 +90,14 @@ def marks_iteration(keys: npt.NDArray[np.int64], sync: npt.NDArray[np.bool_]) ->
     DP2xPP2 job read 18 and 27 calls per iteration instead of 9), not micro-batches of one iteration:
     those would repeat their collectives, not hold one once.
     """
+    return iteration_marker(keys, sync) is not None
+
+
+def iteration_marker(keys: npt.NDArray[np.int64], sync: npt.NDArray[np.bool_]) -> npt.NDArray[np.int64] | None:
+    """The features of the first group collective that occurs once in one period's calls (see
+    `marks_iteration`), or None."""
     if len(keys) == 0 or not sync.any():
-        return False
+        return None
     _, inv, counts = np.unique(keys, axis=0, return_inverse=True, return_counts=True)
-    return bool((counts[inv.reshape(-1)][sync] == 1).any())
+    once = np.flatnonzero((counts[inv.reshape(-1)] == 1) & sync)
+    return keys[once[0]].copy() if len(once) else None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Final
 
 import numpy as np
 import numpy.typing as npt
@@ -20,19 +19,13 @@ from failslow.errors import InputError
 from failslow.period.acf import DOUBT_FACTOR, DOUBT_MAX_CALLS, PeriodEstimate, estimate_period
 from failslow.period.boundaries import iteration_marks, mark_at_end, phase_anchor
 from failslow.period.confidence import CONFIDENCE_MIN
-from failslow.period.folds import MULTIPLE_REPEATS, blocks_differ, trust_switch
-from failslow.period.gaps import gap_signal
+from failslow.period.folds import MULTIPLE_REPEATS, trust_switch
+from failslow.period.interlude import keeps_marker, resumed_grid
+from failslow.period.lockin import LOCK_REPEATS, lock_in
 from failslow.period.numeric import FloatArray, IntArray
-from failslow.period.symbols import encode_symbols, marks_iteration
+from failslow.period.symbols import encode_symbols, iteration_marker, marks_iteration
 from failslow.period.template import GapTemplate
 from failslow.period.verdict import PeriodVerdict
-
-#: A tracker adopts a period when its stretch holds this many repeats of it and an estimate on a
-#: shorter stretch (the previous one, or the first two thirds) agrees (lock-in hysteresis).
-LOCK_REPEATS: Final = 16
-#: ... and, for periods of several calls, at least this many calls (a period of 8 identical-looking
-#: Send/Recv pairs shows as 2 until the block test can look at 4 times that).
-LOCK_MIN_CALLS: Final = 96
 
 
 @dataclass
@@ -96,6 +89,7 @@ class PeriodTracker:
     _cand: int | None = None  # period of the last estimate on this stretch (lock-in needs two alike)
     _seg_origin: bool = True  # the current stretch starts at the stream's origin
     _grid: tuple[int, int] | None = None  # (boundary, period) of the grid before a pattern change
+    _marker: npt.NDArray[np.int64] | None = None  # a collective once per iteration before the change
     _resume: int | None = None  # first unreported boundary before a restart (continue there if unchanged)
     _mark_end: bool = True  # mark iterations by the end of their last call (else the start of the first)
     _shown: int | None = None  # the period reported: the last one locked in, kept while re-estimating
@@ -217,6 +211,8 @@ class PeriodTracker:
             if len(self._t) - lo >= 2 and float(np.max(np.diff(self._t[lo:]))) > \
                     DOUBT_FACTOR * float(np.median(self._recent)):
                 self._shown_conf = 0.5 * CONFIDENCE_MIN * self._shown_conf
+        if self._grid is not None and self._period is None:
+            self._interlude()
         if self._period is not None and self._end() - self._last_quick >= 2 * self._period:
             changed |= self._quick_check()
         for _ in range(3):  # estimate, emit; a change seen while emitting re-estimates the rest
@@ -230,7 +226,7 @@ class PeriodTracker:
             if self._period is None:
                 break
             self._changed_by_gaps = False
-            self._emit(emitted_s, emitted_t)
+            self._emit()
             if not self._changed_by_gaps:
                 break
             changed = True
@@ -251,7 +247,7 @@ class PeriodTracker:
         if self._cand is not None and self._cand != self._period:
             changed = self._estimate(trusted=True)
             if self._period is not None:
-                self._emit(emitted_s, emitted_t)
+                self._emit()
         return self._verdict(changed, emitted_s, emitted_t)
 
     def _quick_check(self) -> bool:
@@ -270,7 +266,7 @@ class PeriodTracker:
         lo = self._end() - n - self._base
         sym = encode_symbols(*self._keys[lo:].T) if self._keys.shape[1] else None
         est = estimate_period(self._t[lo:], sym, min_repeats=self.min_repeats)
-        if est is not None and est.period != p and est.period % p == 0 and self._marked(p):
+        if est is not None and self._pinned(est.period, p):
             est = None
         if est is not None and est.period != p and est.period % p == 0:
             # a multiple is judged by the block test over MULTIPLE_REPEATS of its repeats (see trust_switch)
@@ -294,7 +290,7 @@ class PeriodTracker:
         the first new iteration began there. Complete iterations before it are reported first.
         """
         was = self._period is not None
-        self._grid, self._resume = None, None
+        self._grid, self._resume, self._marker = None, None, None
         p, b = self._period, self._last_b
         if grid and p is not None and b is not None:
             snapped = b + ((at - b) // p) * p
@@ -302,10 +298,13 @@ class PeriodTracker:
                 if self._out is not None:
                     # Complete old iterations are reported, except the one right before the change: it
                     # may be the first part of a longer new iteration (see `boundaries.phase_anchor`).
-                    self._emit(*self._out, limit=snapped - p)
+                    self._emit(limit=snapped - p)
                 at = snapped
                 self._grid = (snapped, p)
                 self._resume = self._last_b
+                lo = snapped - p - self._base
+                if lo >= 0 and self._keys.shape[1]:
+                    self._marker = iteration_marker(self._keys[lo:lo + p], self._sync[lo:lo + p])
         self._seg = max(at, self._base)
         self._seg_origin = False
         self._period, self._conf, self._last_b, self._next_try = None, 0.0, None, 0
@@ -325,8 +324,18 @@ class PeriodTracker:
             self._next_try = self._end() + max(8, len(t) // 4)
             return False
         p = est.period
-        if self._period is not None and p != self._period and p % self._period == 0 and self._marked(self._period):
+        if self._period is not None and self._pinned(p, self._period):
             self._cand = self._period
+            return False
+        if self._grid is not None and p != self._grid[1] and not keeps_marker(self._keys[lo:], self._marker, p) \
+                and self._recent and t[-1] - t[0] < LOCK_REPEATS * float(np.median(self._recent)):
+            # The period before the change held the gradient synchronisation once; the job's iterations
+            # still do (a new micro-batch count keeps it), every p calls over the whole stretch. Another
+            # period is an interlude's (a validation's pings, read with the iterations after them) or a
+            # multiple of the iteration (two all-reduces in it): not adopted, unless it outlasts 16 of the
+            # old iterations (a job that really changed its synchronisation).
+            self._cand = p
+            self._next_try = self._end() + max(p, len(t) // 3)
             return False
         if p == self._shown:
             if p == self._period:  # not while a change is re-estimated on a short stretch
@@ -352,53 +361,14 @@ class PeriodTracker:
             # Refit on reported iterations only: unreported ones may already follow a new schedule.
             self._fit_template(upto=self._last_b)
             return False
-        # Lock-in: a period is adopted when its stretch holds LOCK_REPEATS repeats (enough for the block
-        # test to have looked at twice the period) and an estimate on a stretch at most two thirds as
-        # long (the previous one, else the first two thirds of this one) found it too. A young
-        # stream's first answers are often a micro-batch or a multiple of the period; reporting their
-        # iterations and switching later made the live gauge flap.
-        # After a pattern change the new iterations are known to start on the old grid, and the gauge
-        # should follow within a few iterations: half the repeats suffice there.
-        repeats = LOCK_REPEATS if self._grid is None else LOCK_REPEATS // 2
-        enough = len(t) >= repeats * p and (p == 1 or len(t) >= LOCK_MIN_CALLS)
-        # After a change alarm, the period in force before it is taken back at once (false alarm, e.g.
-        # one slow iteration, or the job's closing barrier).
         if self._grid is not None and p == self._grid[1]:
-            # Taken back at once only if the iterations after the alarm look like the old template
-            # again; a doubled count of alike micro-batches also first shows the old period.
+            # After a change alarm, the period in force before it is taken back at once (a false alarm:
+            # one slow iteration, the job's closing barrier) if the iterations after the alarm look like
+            # the old template again; a doubled count of alike micro-batches also first shows the old period.
             after = np.arange(self._seg + 3 * p, self._end() - p + 1, p, dtype=np.int64)
             trusted |= len(after) >= 2 and not self._iteration_bad(after, p).any()
-        if enough and not trusted and self._grid is not None:
-            old = self._grid[1]
-            if p < old:
-                # Shorter than before: a doubled count of alike micro-batches shows first as the
-                # micro-batch itself. The blocks of p must look alike within twice the old period (so the
-                # stretch must hold enough repeats of that) and within the old period.
-                z = gap_signal(t)
-                enough = z is not None and all(blocks_differ(z, p, m) is False
-                                               for m in (old, 2 * old) if m % p == 0)
-            elif p != old and p % old == 0:
-                enough = trust_switch(t, p, old)  # a multiple needs the block test to see its blocks differ
-            # The old period again with a different gap profile (a slowdown: a GC pause, a throttled
-            # peer) is a new regime of the same schedule: locked in like any period, so iterations keep
-            # being reported through a fault instead of waiting for the old profile to come back.
-        if enough and not trusted:
-            # Nor may a short multiple of p (2 to 4 times) show blocks of p that differ: then p is a
-            # micro-batch whose once-per-iteration gap the estimate's few repeats did not reveal. Only
-            # with MULTIPLE_REPEATS repeats of the multiple: at the block test's minimum it saw spurious
-            # differences on real jobs.
-            # Never for one call per iteration (gradient all-reduces of a DP-only job may alternate
-            # even/odd), and not past 4 * LOCK_REPEATS repeats: a veto must not hold a period off forever.
-            z = gap_signal(t) if p > 1 and len(t) < 4 * LOCK_REPEATS * p else None
-            enough = z is None or not any(len(z) >= MULTIPLE_REPEATS * k * p and blocks_differ(z, p, k * p) is True
-                                          for k in (2, 3, 4))
-        if not trusted and enough and p != self._cand and len(t) < 4 * LOCK_REPEATS * p:
-            # No earlier estimate to agree with (e.g. a big first read): the first two thirds must agree.
-            # (Not asked of a stretch with 4 times the repeats: a scrape of 10k new records.)
-            k = (2 * len(t)) // 3
-            early = estimate_period(t[:k], None if sym is None else sym[:k], min_repeats=self.min_repeats)
-            trusted = early is not None and early.period == p
-        trusted |= enough and len(t) >= 4 * LOCK_REPEATS * p
+        enough, trusted = lock_in(t, sym, p, old=None if self._grid is None else self._grid[1], cand=self._cand,
+                                  trusted=trusted, min_repeats=self.min_repeats)
         if not (trusted or (enough and p == self._cand)):
             self._cand = p
             self._next_try = self._end() + max(p, len(t) // 3)
@@ -419,9 +389,30 @@ class PeriodTracker:
         self._fit_template()
         return True
 
-    def _marked(self, p: int) -> bool:
-        """Whether the latest `p` calls hold a once-per-period collective (see `marks_iteration`)."""
-        return len(self._t) >= p and self._keys.shape[1] > 0 and marks_iteration(self._keys[-p:], self._sync[-p:])
+    def _interlude(self) -> None:
+        """After a change alarm: the old iteration's calls came back after calls of another pattern (see
+        `failslow.period.interlude`). The old period goes on, on a grid that starts where they came back;
+        the interlude is reported inside the iteration it interrupted (or the one before it, when it came
+        between two), whose time it took."""
+        assert self._grid is not None
+        s, p = self._grid
+        found = None if self._shown != p or self._resume is None else \
+            resumed_grid(self._keys, self._base, s, p, self._resume)
+        if found is None:
+            return
+        b, g = found
+        self._period, self._conf, self._cand = p, self._shown_conf, p
+        self._grid, self._resume, self._marker = None, None, None
+        self._seg, self._anchor, self._next_try, self._since_est = g, g, 0, 0
+        self._est_len = LOCK_REPEATS * p  # the next full estimate once the stretch holds twice that
+        self._last_b = g
+        self._report(b)
+
+    def _pinned(self, new: int, cur: int) -> bool:
+        """Whether `new` is a multiple of `cur` that may not replace it: the latest `cur` calls hold a
+        once-per-period collective (see `marks_iteration`)."""
+        return new != cur and new % cur == 0 and len(self._t) >= cur and self._keys.shape[1] > 0 \
+            and marks_iteration(self._keys[-cur:], self._sync[-cur:])
 
     def _phase_anchor(self, p: int, est: PeriodEstimate, sym: IntArray | None) -> int:
         """Absolute index of a call that begins an iteration of period ``p`` in the current stretch."""
@@ -438,7 +429,7 @@ class PeriodTracker:
         look like the template (see `GapTemplate.bad`)."""
         return self._gaps.bad(self._t, self._base, starts, self._period if p is None else p)
 
-    def _emit(self, out_s: list[float], out_t: list[float], *, limit: int | None = None) -> None:
+    def _emit(self, *, limit: int | None = None) -> None:
         """Report the iterations completed since the last report (those ending at or before ``limit``).
 
         Iteration ``k`` runs from boundary ``B[k]`` to ``B[k+1]``; it is marked on one side of each
@@ -480,19 +471,23 @@ class PeriodTracker:
                                              (bad[n_ok + 1:n_ok + 3].any() and n_ok + 3 >= nb)):
                     n_ok += 1
                 b = b[: n_ok + 1]
-        b, c = iteration_marks(self._t, self._te, self._base, b, p, self._mark_end)
-        if c is not None:
-            d = np.diff(c)
-            ends = c[1:]
-            out_s.extend(float(x) for x in d)
-            out_t.extend(float(x) for x in ends)
-            self._recent.extend(float(x) for x in d)
-            self._total += len(d)
-            self._last_end = float(ends[-1])
-            self._last_b = int(b[-1])
+        self._report(b)
         if restart_at is not None:
             self._restart(restart_at)
             self._changed_by_gaps = True
+
+    def _report(self, b: IntArray) -> None:
+        """Report the iterations between the boundaries ``b`` (absolute) of the current period."""
+        assert self._period is not None and self._out is not None
+        b, c = iteration_marks(self._t, self._te, self._base, b, self._period, self._mark_end)
+        if c is not None:
+            d = np.diff(c)
+            self._out[0].extend(float(x) for x in d)
+            self._out[1].extend(float(x) for x in c[1:])
+            self._recent.extend(float(x) for x in d)
+            self._total += len(d)
+            self._last_end = float(c[-1])
+            self._last_b = int(b[-1])
 
     def _verdict(self, changed: bool, s: list[float], t: list[float]) -> PeriodVerdict:
         return PeriodVerdict(

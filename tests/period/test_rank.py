@@ -206,3 +206,37 @@ def test_calls_issued_together_count_once_inside_calls(tmp_path: Path) -> None:
     assert len(arr) > 0
     assert np.median(arr[:, 0]) == pytest.approx(compute + 4 * wait + reduce_s, rel=0.01)
     assert np.median(arr[:, 1]) == pytest.approx(4 * wait + reduce_s, rel=0.01)  # not 8 * wait + reduce_s
+
+
+def test_a_validation_between_iterations_is_counted_inside_one(tmp_path: Path) -> None:
+    """Recorded for real: stage 1 of replica 1 of a DP2xPP2 testbed job under a throttled link (9 calls per
+    iteration, ~2.1 s), paused at an iteration boundary for the remediator's link validation: ~600 pings and
+    transfers to two other ranks between barriers, in 0.9 s.
+
+    The tracker read the validation's Send/Recv pairs as a period of 6 calls and reported ~100 iterations of
+    a few milliseconds; once the training calls came back it needed 16 of them to lock 9 in again (or locked
+    18, two iterations), and the exporter showed the gauges of a job 100x faster, or none. The iterations'
+    calls come back after the interlude: the period goes on, the pause counted in the iteration it followed.
+    """
+    from failslow.period.confidence import CONFIDENCE_MIN
+
+    path, recs = _ring_of("dp2pp2_rank3_validation", tmp_path, rank=3, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1})
+    ar = recs[recs["op"] == int(Op.ALLREDUCE)]["t_enqueue_ns"] * 1e-9
+    pings = recs[(recs["op"] == int(Op.SEND)) & (recs["peer"] != 1)]["t_enqueue_ns"] * 1e-9  # to ranks 0 and 2
+    pause = float(pings[-1] - pings[0])  # 0.94 s of tests, without the barriers around them
+    for chunk in (256, 16, 4):
+        reader = RingReader(path, pending_timeout_s=0.0)
+        tk = RankTrack(path, reader, window=20, buffer=8192)
+        tk.history = []
+        all_recs = reader.read_new()
+        shown = []
+        for i in range(0, len(all_recs), chunk):  # as successive polls read them
+            tk.ingest(all_recs[i:i + chunk])
+            shown.append(tk.period == 9 and tk.confidence >= CONFIDENCE_MIN)
+        first = shown.index(True)
+        assert all(shown[first:]), (chunk, shown.index(False, first) * chunk)
+        got = np.array([d for d, _ in tk.history])
+        assert len(ar) - 4 <= len(got) <= len(ar), (chunk, len(got), len(ar))
+        assert got.min() > 0.5 * float(np.diff(ar).min()), (chunk, np.round(np.sort(got)[:5], 4))
+        assert got.max() > pause + 1.0, (chunk, got.max(), pause)  # the pause and the iteration before it
+        tk.close()
