@@ -50,7 +50,7 @@ def _analyse(calls: CallSequence, args: argparse.Namespace) -> tuple[dict[str, A
     """The JSON answer for one call sequence (``None`` and why when it is not stated), and the result."""
     peer = calls.peer if calls.peer is not None else calls.op * 0
     feats = () if args.timing_only else (calls.op, calls.comm, calls.nbytes, peer)
-    res = infer_iterations(calls.t_start, *feats)
+    res = infer_iterations(calls.t_start, *feats, sync=None if args.timing_only else calls.sync)
     if res.period is None or res.median_s is None:
         raise InputError(f"no periodic call pattern found in {len(calls.t_start)} calls of {calls.source} "
                          "(need at least 2 iterations split by long gaps, else 4 iterations, 8 when all calls "

@@ -10,6 +10,7 @@ import csv
 import io
 import json
 import os
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +31,8 @@ class CallSequence:
         t_start: Call start (or enqueue) times, seconds.
         op, comm, nbytes, peer: Integer-coded features (codes are only compared for equality); ``peer``
             tells Send/Recv to the previous stage from those to the next (all zero for CSV input).
+        sync: Per call, whether it is a collective over a group, not a point-to-point Send/Recv (from the
+            operation's name, see `point_to_point`); None when unknown.
         duration: Call durations in seconds (NaN when unknown).
         source: Which process the calls came from, for messages (e.g. ``pid 123 rank 0``).
     """
@@ -41,6 +44,25 @@ class CallSequence:
     duration: npt.NDArray[np.float64]
     source: str = ""
     peer: npt.NDArray[np.int64] | None = None
+    sync: npt.NDArray[np.bool_] | None = None
+
+
+#: Operation names of point-to-point calls, as the shim, NCCL kernels, c10d ops and backend annotations
+#: spell them once lower-cased, stripped of a namespace (``nccl:``, ``c10d::``) and an ``nccl`` prefix.
+_P2P_NAMES = frozenset({"send", "recv", "isend", "irecv", "sendrecv", "batch"})
+
+
+def point_to_point(name: str) -> bool:
+    """Whether an operation name is a point-to-point call (``SEND``, ``ncclSend``, ``SendRecv`` kernels,
+    ``c10d::recv_``, ``nccl:send``, ``batch_isend_irecv``), not a collective."""
+    token = re.split(r"[:.]", name.strip().lower())[-1].strip("_")
+    token = token.removeprefix("nccl").removeprefix("devkernel_").removeprefix("kernel_")
+    return token.split("_")[0] in _P2P_NAMES
+
+
+def sync_of(ops: list[str]) -> npt.NDArray[np.bool_]:
+    """Per call, whether its operation (by name) is a collective (see `point_to_point`)."""
+    return np.array([not point_to_point(o) for o in ops], dtype=bool)
 
 
 def _codes(values: list[str]) -> npt.NDArray[np.int64]:
@@ -73,7 +95,7 @@ def _finish(t: list[float], op: list[str], comm: list[str], nb: list[str], dur: 
     order = np.argsort(ta, kind="stable")  # threads of one process may interleave slightly
     pa = _codes(peer)[order] if peer is not None else np.zeros(len(ta), dtype=np.int64)
     return CallSequence(t_start=ta[order], op=_codes(op)[order], comm=_codes(comm)[order], nbytes=_codes(nb)[order],
-                 duration=np.asarray(dur, dtype=np.float64)[order], source=source, peer=pa)
+                 duration=np.asarray(dur, dtype=np.float64)[order], source=source, peer=pa, sync=sync_of(op)[order])
 
 
 def parse_csv(text: str) -> CallSequence:

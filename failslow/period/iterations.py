@@ -63,6 +63,7 @@ def infer_iterations(
     chunk: int = 256,
     buffer: int = 8192,
     min_repeats: int = 4,
+    sync: npt.ArrayLike | None = None,
 ) -> IterationResult:
     """Iterations of a complete call sequence, with the confidence of the answer.
 
@@ -79,6 +80,8 @@ def infer_iterations(
         chunk: Calls per update (the exporter's reads arrive in chunks too).
         buffer: Tracker buffer (largest period detectable is ``buffer // min_repeats``).
         min_repeats: Iterations needed before a period is trusted.
+        sync: Optional per-call flags: a collective over a group, not a Send/Recv (see
+            `PeriodTracker.update`: a period holding one once is not replaced by a multiple of itself).
 
     Raises:
         InputError: features and times differ in length.
@@ -87,6 +90,9 @@ def infer_iterations(
     feats = [np.asarray(f, dtype=np.int64) for f in features]
     if any(len(f) != len(t) for f in feats):
         raise InputError("infer_iterations: features and t_start differ in length")
+    sy = None if sync is None else np.asarray(sync, dtype=bool).reshape(-1)
+    if sy is not None and len(sy) != len(t):
+        raise InputError("infer_iterations: sync and t_start differ in length")
     sym = encode_symbols(*feats) if feats and len(t) else None
     split = split_by_gaps(t, sym) if np.isfinite(t).all() else None
     if split is not None and split.confidence >= CONFIDENCE_MIN \
@@ -99,7 +105,7 @@ def infer_iterations(
     out_s: list[FloatArray] = []
     out_t: list[FloatArray] = []
     for i in range(0, len(t), chunk):
-        v = tr.update(t[i:i + chunk], *(f[i:i + chunk] for f in feats))
+        v = tr.update(t[i:i + chunk], *(f[i:i + chunk] for f in feats), sync=None if sy is None else sy[i:i + chunk])
         if v.changed and v.period is not None and (not periods or periods[-1] != v.period):
             periods.append(v.period)  # a false alarm (period lost, then the same one found) is no change
         out_s.append(v.iteration_s)

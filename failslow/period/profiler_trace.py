@@ -32,7 +32,7 @@ import numpy as np
 import numpy.typing as npt
 
 from failslow.errors import InputError
-from failslow.period.io import CallSequence, finite_float
+from failslow.period.io import CallSequence, finite_float, sync_of
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _NCCL_KERNEL = re.compile(r"^nccl(?:Dev)?Kernel_([A-Za-z0-9_]+)")
@@ -189,7 +189,8 @@ def parse_profiler_trace(data: bytes | str, *, name: str = "trace") -> ProfilerT
     t = (np.array([r[0] for r in rows]) - ts0) * 1e-6
     calls = CallSequence(t_start=t, op=_codes([r[2] for r in rows]), comm=_codes([r[3] for r in rows]),
                   nbytes=_codes([r[4] for r in rows]), duration=np.array([r[1] for r in rows]) * 1e-6,
-                  source=f"{name} ({source})", peer=np.zeros(len(rows), dtype=np.int64))
+                  source=f"{name} ({source})", peer=np.zeros(len(rows), dtype=np.int64),
+                  sync=sync_of([r[2] for r in rows]))
     st_rows = sorted(steps["user_annotation"] or steps["gpu_user_annotation"])
     info = meta.get("distributedInfo") if isinstance(meta, dict) else None
     rank = info.get("rank") if isinstance(info, dict) else None

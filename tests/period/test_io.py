@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from failslow.errors import InputError
-from failslow.period.io import parse_calls, parse_csv, parse_jsonl
+from failslow.period.io import parse_calls, parse_csv, parse_jsonl, point_to_point
 
 
 def test_parsers_with_literals() -> None:
@@ -28,3 +28,18 @@ def test_parsers_with_literals() -> None:
         parse_calls("t_start_s,op\n1,Send\n", pid=3)
     with pytest.raises(InputError, match="unknown column"):
         parse_csv("t_start_s,op,foo\n1,Send,2\n")
+
+
+@pytest.mark.parametrize("name, p2p", [
+    ("SEND", True), ("RECV", True), ("ncclSend", True), ("ncclRecv", True), ("SendRecv", True),
+    ("c10d::send_", True), ("c10d::recv_any_source_", True), ("nccl:send", True), ("gloo:recv", True),
+    ("batch_isend_irecv", True), ("ALLREDUCE", False), ("AllReduce_Sum_f32_RING_LL", False),
+    ("c10d::allreduce_", False), ("nccl:all_reduce", False), ("gloo:barrier", False), ("allgather", False),
+    ("ReduceScatter", False), ("Broadcast", False)])
+def test_point_to_point_is_read_from_the_operation_name(name: str, p2p: bool) -> None:
+    assert point_to_point(name) is p2p
+
+
+def test_parsed_calls_say_which_are_collectives() -> None:
+    calls = parse_csv("t_start_s,op\n0.0,Send\n0.1,AllReduce\n0.2,Recv\n")
+    assert calls.sync is not None and calls.sync.tolist() == [False, True, False]

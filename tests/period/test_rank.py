@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from period_scenarios import DATA, ring_of
 
 from failslow.period import RankTrack, replay_ring
 from failslow.period import synth as ps
@@ -92,25 +93,6 @@ def test_lost_records_restart_the_tracker_without_merging_iterations(tmp_path: P
     tk.close()
 
 
-DATA = Path(__file__).parent / "data" / "rings"
-
-
-def _ring_of(name: str, directory: Path, *, rank: int, layout: dict[str, int]) -> tuple[Path, np.ndarray]:
-    """A ring holding the recorded records ``DATA/<name>.npy.xz`` (one rank's, as kept from a testbed job)."""
-    import lzma
-    from io import BytesIO
-
-    recs = np.load(BytesIO(lzma.decompress((DATA / f"{name}.npy.xz").read_bytes())))
-    w = RingWriter.create(directory=directory, job=name, rank=rank, world_size=4, layout=layout,
-                          capacity=1 << 13, pid=4243)
-    try:
-        for r in recs:
-            w.append(int(r["op"]), int(r["comm"]), int(r["nranks"]), int(r["comm_rank"]), int(r["peer"]),
-                     int(r["count"]), int(r["bytes"]), int(r["dtype"]), int(r["t_enqueue_ns"]),
-                     int(r["t_start_ns"]), int(r["t_end_ns"]), int(r["flags"]))
-    finally:
-        w.close()
-    return w.path, recs
 
 
 def test_a_loaded_pipeline_stage_is_never_read_at_twice_its_period(tmp_path: Path) -> None:
@@ -122,7 +104,7 @@ def test_a_loaded_pipeline_stage_is_never_read_at_twice_its_period(tmp_path: Pat
     import json
 
     truth = np.array(json.loads((DATA / "pp4_stage1_loaded.json").read_text())["iteration_time_s"])
-    path, _ = _ring_of("pp4_stage1_loaded", tmp_path, rank=1, layout={"tp": 1, "pp": 4, "dp": 1, "cp": 1})
+    path, _ = ring_of("pp4_stage1_loaded", tmp_path, rank=1, layout={"tp": 1, "pp": 4, "dp": 1, "cp": 1})
     for chunk in (256, 5):
         tk = replay_ring(path, chunk=chunk)
         got = np.array([d for d, _ in tk.history or []])
@@ -142,7 +124,7 @@ def test_a_quota_that_paces_iterations_unevenly_does_not_multiply_the_period(tmp
     iteration and emitted 550 (256-record reads) or 170 (16-record reads) of its 628 iterations, so the
     exporter's gauges held stale values for tens of seconds at a time.
     """
-    path, recs = _ring_of("dp2pp2_stage1_quota", tmp_path, rank=2, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1})
+    path, recs = ring_of("dp2pp2_stage1_quota", tmp_path, rank=2, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1})
     ar = recs[recs["op"] == int(Op.ALLREDUCE)]["t_enqueue_ns"] * 1e-9
     allreduces, longest = len(ar), float(np.diff(ar)[1:].max())  # the longest real iteration: 1.20 s
     for chunk in (256, 16):
@@ -164,7 +146,7 @@ def test_a_one_call_period_stays_shown_when_a_fault_slows_its_iterations(tmp_pat
     """
     from failslow.period.confidence import CONFIDENCE_MIN
 
-    path, recs = _ring_of("dp4_rank1_quota", tmp_path, rank=1, layout={"tp": 1, "pp": 1, "dp": 4, "cp": 1})
+    path, recs = ring_of("dp4_rank1_quota", tmp_path, rank=1, layout={"tp": 1, "pp": 1, "dp": 4, "cp": 1})
     for chunk in (16, 4):
         reader = RingReader(path, pending_timeout_s=0.0)
         tk = RankTrack(path, reader, window=20, buffer=8192)
@@ -220,7 +202,7 @@ def test_a_validation_between_iterations_is_counted_inside_one(tmp_path: Path) -
     """
     from failslow.period.confidence import CONFIDENCE_MIN
 
-    path, recs = _ring_of("dp2pp2_rank3_validation", tmp_path, rank=3, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1})
+    path, recs = ring_of("dp2pp2_rank3_validation", tmp_path, rank=3, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1})
     ar = recs[recs["op"] == int(Op.ALLREDUCE)]["t_enqueue_ns"] * 1e-9
     pings = recs[(recs["op"] == int(Op.SEND)) & (recs["peer"] != 1)]["t_enqueue_ns"] * 1e-9  # to ranks 0 and 2
     pause = float(pings[-1] - pings[0])  # 0.94 s of tests, without the barriers around them
