@@ -726,8 +726,9 @@ class Testbed:
         if action == "validate_compute":
             return self.validate_compute(req["ranks"], req.get("peers"), vid=req.get("id"))
         if action == "validate_links":
+            thresholds = {k: req[k] for k in ("bandwidth_fraction", "latency_multiple") if req.get(k) is not None}
             return self.validate_links(req.get("nodes"), req.get("ranks"), req.get("suspects"),
-                                       req.get("topology", "ring"), vid=req.get("id"))
+                                       req.get("topology", "ring"), vid=req.get("id"), **thresholds)
         raise InputError(f"unknown action {action!r}")
 
     def validate_compute(self, ranks: Sequence[int], peers: Sequence[int] | None = None,

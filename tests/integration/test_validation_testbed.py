@@ -28,7 +28,7 @@ from tests.integration.polling import run_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.root]
 
-ITERATIONS = 40
+ITERATIONS = 50
 
 
 def test_validation_names_the_injected_rank_and_node_and_training_goes_on(tmp_path: Path,
@@ -58,6 +58,10 @@ def test_validation_names_the_injected_rank_and_node_and_training_goes_on(tmp_pa
                 # touch node 1, so the reference must be the clean one (0-2): node 1 is the suspect
                 got["tree"] = c.request("validate_links", "v-tree", nodes=[0, 1, 2, 3], suspects=[1],
                                         topology="tree")
+                # a latency multiple of 1: a clean link above the reference median is slow by latency alone,
+                # and such a link is pinged again for longer at a later boundary (the quicker counts)
+                got["recheck"] = c.request("validate_links", "v-recheck", nodes=[0, 2, 1, 3], suspects=[1],
+                                           latency_multiple=1.0)
                 # from a shell: the control command, with an explicit peer
                 p = subprocess.run([*failslow_cmd, "testbed", "control", "--run-dir", str(run), "validate-compute",
                                     "3", "--peers", "0"], capture_output=True, text=True, timeout=120, check=False)
@@ -101,6 +105,14 @@ def test_validation_names_the_injected_rank_and_node_and_training_goes_on(tmp_pa
     assert tree["rounds"] == [[[0, 1]], [[0, 2], [1, 3]]]
     assert tree["slow_links"] == [[0, 1], [1, 3]] and tree["nodes"] == [1] and tree["ambiguous"] == [], \
         json.dumps(tree["verdict"])
+
+    lat = got["recheck"]
+    again_links = {(r["a"], r["b"]): r for r in lat["rechecked"]}
+    assert again_links and set(again_links) <= {(0, 2), (3, 0)}, lat["rechecked"]  # not the throttled node's
+    for r in again_links.values():
+        assert r["latency_s"][1] <= r["latency_s"][0] and r["at_iteration"] > lat["at_iteration"]
+    assert lat["pause_s"] >= lat["rechecked"][0]["pause_s"]
+    assert {1} <= set(lat["nodes"]), json.dumps(lat["verdict"])
 
     out = got["adapter"]
     assert out.ok and out.result["confirmed"] is True, out
