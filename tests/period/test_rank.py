@@ -95,6 +95,22 @@ def test_lost_records_restart_the_tracker_without_merging_iterations(tmp_path: P
 
 
 
+def _read_in_polls(path: Path, chunk: int, period: int) -> tuple[RankTrack, list[bool]]:
+    """The ring read as successive polls of `chunk` records would; per poll, whether `period` was shown with
+    confidence."""
+    from failslow.period.confidence import CONFIDENCE_MIN
+
+    reader = RingReader(path, pending_timeout_s=0.0)
+    tk = RankTrack(path, reader, window=20, buffer=8192)
+    tk.history = []
+    recs = reader.read_new()
+    shown = []
+    for i in range(0, len(recs), chunk):
+        tk.ingest(recs[i:i + chunk])
+        shown.append(tk.period == period and tk.confidence >= CONFIDENCE_MIN)
+    return tk, shown
+
+
 def test_a_loaded_pipeline_stage_is_never_read_at_twice_its_period(tmp_path: Path) -> None:
     """Recorded for real: stage 1 of a DP1xPP4 testbed job (16 calls per iteration) on a loaded machine.
 
@@ -144,19 +160,11 @@ def test_a_one_call_period_stays_shown_when_a_fault_slows_its_iterations(tmp_pat
     calls away the exporter hid every iteration gauge of the job for the rest of the run (the remediator
     never acted).
     """
-    from failslow.period.confidence import CONFIDENCE_MIN
-
     path, recs = ring_of("dp4_rank1_quota", tmp_path, rank=1, layout={"tp": 1, "pp": 1, "dp": 4, "cp": 1})
     for chunk in (16, 4):
-        reader = RingReader(path, pending_timeout_s=0.0)
-        tk = RankTrack(path, reader, window=20, buffer=8192)
-        all_recs = reader.read_new()
-        shown = []
-        for i in range(0, len(all_recs), chunk):  # as successive polls read them
-            tk.ingest(all_recs[i:i + chunk])
-            shown.append(tk.period == 1 and tk.confidence >= CONFIDENCE_MIN)
+        tk, shown = _read_in_polls(path, chunk, 1)
         first = shown.index(True)
-        assert all(shown[first:]), (chunk, shown.index(False, first) * chunk, len(all_recs))
+        assert all(shown[first:]), (chunk, shown.index(False, first) * chunk, len(recs))
         assert tk.iterations_total >= int((recs["op"] == int(Op.ALLREDUCE)).sum()) - 3
         tk.close()
 
@@ -200,21 +208,12 @@ def test_a_validation_between_iterations_is_counted_inside_one(tmp_path: Path) -
     18, two iterations), and the exporter showed the gauges of a job 100x faster, or none. The iterations'
     calls come back after the interlude: the period goes on, the pause counted in the iteration it followed.
     """
-    from failslow.period.confidence import CONFIDENCE_MIN
-
     path, recs = ring_of("dp2pp2_rank3_validation", tmp_path, rank=3, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1})
     ar = recs[recs["op"] == int(Op.ALLREDUCE)]["t_enqueue_ns"] * 1e-9
     pings = recs[(recs["op"] == int(Op.SEND)) & (recs["peer"] != 1)]["t_enqueue_ns"] * 1e-9  # to ranks 0 and 2
     pause = float(pings[-1] - pings[0])  # 0.94 s of tests, without the barriers around them
     for chunk in (256, 16, 4):
-        reader = RingReader(path, pending_timeout_s=0.0)
-        tk = RankTrack(path, reader, window=20, buffer=8192)
-        tk.history = []
-        all_recs = reader.read_new()
-        shown = []
-        for i in range(0, len(all_recs), chunk):  # as successive polls read them
-            tk.ingest(all_recs[i:i + chunk])
-            shown.append(tk.period == 9 and tk.confidence >= CONFIDENCE_MIN)
+        tk, shown = _read_in_polls(path, chunk, 9)
         first = shown.index(True)
         assert all(shown[first:]), (chunk, shown.index(False, first) * chunk)
         got = np.array([d for d, _ in tk.history])
