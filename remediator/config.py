@@ -8,7 +8,8 @@ jobs:                         # first match wins; a job that matches nothing is 
 policy:                       # failslow.plan.policy.Policy fields
   cooldown_s: 60
   approval: [restart]
-costs:                        # seconds of lost training per strategy, used until the adapter measured them
+costs:                        # seconds of lost training per strategy, until the adapter measured them
+                              # (over the adapter's own estimate for the job, which is over the defaults)
   restart: 120
 ```
 
@@ -49,6 +50,7 @@ class RemediatorConfig:
     jobs: tuple[JobRule, ...] = ()
     policy: Policy = field(default_factory=Policy)
     costs: Costs = field(default_factory=Costs)
+    costs_given: frozenset[str] = frozenset()  # the strategies whose cost the file set (the rest are defaults)
 
     def rule_for(self, job: str) -> JobRule | None:
         """The first rule covering `job`."""
@@ -100,7 +102,7 @@ def parse_config(doc: Any) -> RemediatorConfig:
         raise InputError("config: costs must be numbers of seconds") from None
     if any(v < 0 for v in costs_doc.values()):
         raise InputError("config: costs must be >= 0")
-    return RemediatorConfig(tuple(rules), policy, costs)
+    return RemediatorConfig(tuple(rules), policy, costs, frozenset(costs_doc))
 
 
 def _policy(doc: Any) -> Policy:

@@ -438,9 +438,11 @@ class Remediator:
         self.prom_ok = True
         self.metrics.prom_up.set(1)
 
-    async def _costs(self, adapter: TrainingAdapter | None) -> Costs:
+    async def _costs(self, adapter: TrainingAdapter | None, info: JobInfo | None) -> Costs:
+        """Defaults < the adapter's estimate for the job < the config file's costs < costs measured here."""
+        expected = info.costs if info is not None else {}
         if adapter is None:
-            return self.config.costs
+            return self.config.costs.layered(self.config.costs_given, expected, {})
         measured = {k.split(":", 1)[1]: v["ewma_s"] for k, v in (await self.store.costs()).items()
                     if k.startswith(f"{adapter.kind}:")}
         # a topology move and a restart are both a checkpoint-restart: until one of them is measured on this
@@ -448,7 +450,7 @@ class Remediator:
         for a, b in (("topology", "restart"), ("restart", "topology")):
             if a in measured and b not in measured:
                 measured[b] = measured[a]
-        return self.config.costs.with_measured(measured)
+        return self.config.costs.layered(self.config.costs_given, expected, measured)
 
     # ------------------------------------------------------------------ one event
     async def _inputs(self, ev: dict[str, Any], now: float, suspects: tuple[Suspect, ...] | None = None
@@ -523,7 +525,7 @@ class Remediator:
                 topology_options, job, info, found, model, pace, validated=ev.get("validated_links"),
                 healthy=healthy, rebalance="rebalance" in view.capabilities,
                 known_paths=memory.get("slow_paths") or (), healthy_counts=view.default_microbatches))
-        return view, upd, await self._costs(adapter), actions, adapter
+        return view, upd, await self._costs(adapter, info), actions, adapter
 
     async def _healthy_overhead(self, job: str, onset: float, healthy: float,
                                 microbatches: list[int] | None) -> float | None:

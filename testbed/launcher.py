@@ -284,6 +284,7 @@ class Testbed:
         self._segment = 0
         self._cpu_slots: dict[int, tuple[int, int]] = {}  # CPU faults whose device holds no rank now
         self._segments: list[dict[str, Any]] = []
+        self._startup_s: float | None = None
         self.training_start: float | None = None  # of the current segment
         self._first_start: float | None = None  # of the job: timed fault schedules count from it
         self.start_unix = time.time()
@@ -459,6 +460,7 @@ class Testbed:
         else:
             master, port, ifname = "127.0.0.1", _free_port(), "lo"
         zygote = self._zygote()
+        self._segments[-1]["spawned_unix"] = time.time()
         for rank in range(self.world_size):
             env = {**os.environ, "MASTER_ADDR": master, "MASTER_PORT": str(port), "GLOO_SOCKET_IFNAME": ifname,
                    "RANK": str(rank), "WORLD_SIZE": str(self.world_size), "OMP_NUM_THREADS": "1",
@@ -652,7 +654,9 @@ class Testbed:
         node, spares (``--spare-nodes``) included; ``spare_nodes`` lists those holding no rank now.
         ``resume_iteration`` is where the current segment started and ``restart_pause_s`` the time no rank
         trained across the last restart (from the end of the last iteration before it to the start of the
-        first after it; None before a restart or until that iteration ends).
+        first after it; None before a restart or until that iteration ends). ``startup_s`` is what the job
+        took to come up (:meth:`startup`) and ``expected_costs`` what each strategy should cost it before one
+        was measured (:meth:`expected_costs`).
         """
         cur = self._current()
         ends = [recs[-1]["end_unix"] for recs in self.records.values() if recs]
@@ -666,7 +670,32 @@ class Testbed:
                 "recent_iteration_s": recent[len(recent) // 2] if recent else None,
                 "iterations": self.config.iterations, "spare_nodes": self.spare_nodes(),
                 "resume_iteration": self._start_iter, "restart_pause_s": self._restart_pause(),
-                "traffic": self.traffic()}
+                "startup_s": self.startup(), "expected_costs": self.expected_costs(), "traffic": self.traffic()}
+
+    def startup(self) -> float | None:
+        """Seconds from spawning the job's first ranks (torch already imported by the zygote) to the start of
+        their first iteration (rendezvous, model, data): the part of a restart that does not depend on the
+        checkpoint. None until every rank ended its first iteration."""
+        if self._startup_s is None and self._segments and "spawned_unix" in self._segments[0]:
+            first = self._segments[0]["resume_iter"]
+            starts = [float(recs[0]["end_unix"] - recs[0]["dt"]) for recs in self.records.values()
+                      if recs and recs[0]["segment"] == 0 and recs[0]["it"] == first]
+            if len(starts) == self.world_size:
+                self._startup_s = max(0.0, min(starts) - float(self._segments[0]["spawned_unix"]))
+        return self._startup_s
+
+    def expected_costs(self) -> dict[str, float]:
+        """Seconds of training each strategy should cost this job, for a planner that has measured none yet:
+        a split applies at an iteration boundary (0), a validation the benchmarks' length
+        (:func:`testbed.validation.expected_pause_s` over the nodes holding ranks), a restart or a new placement
+        the job's start-up, once known: the part of a restart the job has shown already, to which stopping at
+        a boundary with a checkpoint and reading it back add (a restart of DP2xPP2 at 0.4 CPU paused
+        0.54-0.64 s where its start-up took 0.14 s)."""
+        out = {"rebalance": 0.0, "validate": validation.expected_pause_s(len(set(self.placement)))}
+        up = self.startup()
+        if up is not None:
+            out["topology"] = out["restart"] = up
+        return out
 
     def traffic(self) -> dict[str, Any] | None:
         """Bytes the job moves, for a placement model (:class:`failslow.plan.placement.PlacementParams`):

@@ -81,6 +81,16 @@ TESTBED_LINK_FRACTION = 0.25
 # --- in the rank -----------------------------------------------------------------------------------------
 
 
+def expected_pause_s(num_nodes: int) -> float:
+    """What a validation is expected to pause the job for, from the benchmarks' own durations: a compute test
+    of one suspect and its peer on CPU (the two take turns) or a link test of a ring over `num_nodes` nodes
+    (pings, then a transfer each way, per round), whichever is longer. The barriers and the slower
+    iteration around the test are left out, so a measured pause (docs/BENCHMARKS.md) is somewhat longer."""
+    compute = 2 * CPU_GEMM_WINDOWS * (CPU_GEMM_WINDOW_S + CPU_GEMM_WARMUP_S)
+    rounds = len(link_schedule(list(range(num_nodes))).rounds) if num_nodes >= 2 else 0
+    return max(compute, rounds * (LINK_PING_MIN_S + 2 * LINK_MIN_S))
+
+
 class Gemm:
     """The GEMM benchmark of one rank: products of two `size` x `size` float32 matrices (warmed up once).
 

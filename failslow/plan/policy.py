@@ -25,7 +25,7 @@ options) is defined in :mod:`failslow.plan.policy_views` and importable from her
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -57,9 +57,10 @@ class Costs:
 
     The defaults stand for a GPU cluster before anything was measured on it: a validation pauses the job for
     seconds, a split applies at an iteration boundary, a checkpoint-restart costs minutes at scale (saving and
-    loading the checkpoint, communicator set-up). The service replaces each with the cost its adapter
-    measured the last times the strategy ran (a running average per adapter and strategy); the testbed's
-    measured costs are in docs/remediator.md.
+    loading the checkpoint, communicator set-up). The service stacks, each over the one before
+    (:meth:`layered`): these defaults, what the job's adapter expects from its own measurements of the job
+    (the testbed's start-up time), the config file's ``costs:``, and the cost the adapter measured the last
+    times the strategy ran (a running average per adapter and strategy); docs/remediator.md.
     """
 
     validate: float = 10.0
@@ -77,6 +78,21 @@ class Costs:
         """These costs with measured ones (by strategy name) put in their place."""
         known = {k: max(0.0, float(v)) for k, v in measured.items() if k in STRATEGIES and math.isfinite(v)}
         return replace(self, **known)
+
+    def layered(self, configured: Iterable[str], expected: Mapping[str, float],
+                measured: Mapping[str, float]) -> Costs:
+        """The cost of each strategy from the most specific source that has one.
+
+        Args:
+            configured: The strategies whose cost in `self` a person set (the config file's ``costs:``); the
+                others hold the built-in defaults.
+            expected: The adapter's estimate for this job before anything was measured (by strategy name).
+            measured: Costs measured on this cluster (by strategy name); they win over everything.
+        """
+        given = set(configured)
+        base = Costs().with_measured(expected)
+        own = {k: self.of(k) for k in STRATEGIES if k in given}
+        return base.with_measured(own).with_measured(measured)
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,9 @@ class JobInfo:
         traffic: Bytes the job moves, when the adapter knows them: ``grad_bytes`` (per pipeline stage, or one
             number) and ``p2p_bytes`` (per micro-batch across a pipeline hop), the S3 planner's traffic
             model (:class:`failslow.plan.placement.PlacementParams`); its defaults otherwise.
+        costs: What each strategy is expected to cost this job (seconds of lost training, by strategy name),
+            from what the adapter measured of the job itself, before the remediator measured an action of
+            it on this cluster: the planner uses it over its defaults and under the config file's ``costs:``.
         extra: Anything else worth showing (scheduler job id, run directory, ...).
     """
 
@@ -119,13 +122,14 @@ class JobInfo:
     spare_nodes: list[str] | None = None
     microbatches: list[int] | None = None
     traffic: dict[str, Any] = field(default_factory=dict)
+    costs: dict[str, float] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """JSON-able form (stored with the event, shown on the status page)."""
         return {"layout": self.layout, "placement": self.placement, "nodes": self.nodes,
                 "spare_nodes": self.spare_nodes, "microbatches": self.microbatches, "traffic": self.traffic,
-                "extra": self.extra}
+                "costs": self.costs, "extra": self.extra}
 
 
 @runtime_checkable

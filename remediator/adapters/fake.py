@@ -5,7 +5,8 @@ Options: ``capabilities`` (list, default every strategy), ``microbatches`` (list
 ``nodes`` (list of names, default ``["node0", "node1"]``), ``placement`` (default: ranks spread over the
 nodes, one per DP replica), ``spare_nodes`` (list of names; default unknown, as a scheduler that finds
 nodes itself), ``fail`` (list of strategies that fail), ``delay_s`` (seconds each action
-takes, default 0), ``record`` (a file each action appends one JSON line to: the test's evidence of what
+takes, default 0), ``expected_costs`` (strategy -> seconds: what the adapter says the job's actions will
+cost, ``JobInfo.costs``; default none), ``record`` (a file each action appends one JSON line to: the test's evidence of what
 was executed, across processes).
 """
 
@@ -37,7 +38,7 @@ class Adapter:
 
     def __init__(self, job: str, labels: Mapping[str, str], options: Mapping[str, Any]) -> None:
         unknown = set(options) - {"capabilities", "microbatches", "nodes", "spare_nodes", "placement", "fail",
-                                 "delay_s", "record"}
+                                 "delay_s", "record", "expected_costs"}
         if unknown:
             raise ConfigError(f"fake adapter: unknown options {sorted(unknown)}")
         caps = option(options, "capabilities", list, list(STRATEGY_NAMES))
@@ -53,6 +54,11 @@ class Adapter:
         self.spare_nodes = None if spares is None else [str(x) for x in spares]
         self.fail = set(option(options, "fail", list, []))
         self.delay_s = float(option(options, "delay_s", (int, float), 0.0))
+        costs = option(options, "expected_costs", dict, {})
+        if set(costs) - set(STRATEGY_NAMES) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in costs.values()):
+            raise ConfigError("fake adapter: expected_costs maps strategies to seconds >= 0")
+        self.expected_costs = {str(k): float(v) for k, v in costs.items()}
         rec = option(options, "record", str, "")
         self.record = Path(render(rec, job, labels)) if rec else None
         self.executed: list[ActionRequest] = []
@@ -66,7 +72,8 @@ class Adapter:
         """As configured, with the split of the last rebalance."""
         return JobInfo(layout={"dp": len(self.microbatches), "pp": 1, "tp": 1, "ranks_per_node": 1},
                        placement=list(self.placement), nodes=list(self.nodes), microbatches=list(self.microbatches),
-                       spare_nodes=None if self.spare_nodes is None else list(self.spare_nodes))
+                       spare_nodes=None if self.spare_nodes is None else list(self.spare_nodes),
+                       costs=dict(self.expected_costs))
 
     def execute(self, request: ActionRequest) -> ActionOutcome:
         """Record the request; a configured failure raises."""

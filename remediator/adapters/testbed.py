@@ -160,12 +160,13 @@ class Adapter:
         return st
 
     def info(self) -> JobInfo:
-        """Layout, placement, node names and the current micro-batch split."""
+        """Layout, placement, node names, the current micro-batch split and the testbed's expected costs."""
         st = self.status()
         return JobInfo(layout=st["layout"], placement=list(st["placement"]),
                        nodes=[node_name(i) for i in range(int(st["num_nodes"]))],
                        spare_nodes=[node_name(int(i)) for i in st.get("spare_nodes") or []],
                        microbatches=list(st["microbatches"]), traffic=dict(st.get("traffic") or {}),
+                       costs={str(k): float(v) for k, v in (st.get("expected_costs") or {}).items()},
                        extra={"run_dir": str(self.run_dir), "completed": st["completed"], "faults": st["faults"]})
 
     def execute(self, request: ActionRequest) -> ActionOutcome:

@@ -317,6 +317,30 @@ def test_restart_waits_for_approval_reject_and_approve(env: Env) -> None:
         assert c.post("/remediate", json=req2, headers=AUTH).json()["action"]["state"] in ("running", "succeeded")
 
 
+def test_an_adapters_expected_cost_sits_between_the_defaults_and_the_config(tmp_path: Path) -> None:
+    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
+            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
+        env = Env(tmp_path, r.url, prom_url)
+        now = time.time()
+        slow = JobSeries({(0, 0): 0.10, (0, 1): 0.10, (1, 0): 0.30, (1, 1): 0.10}, [4, 4], onset_ts=now - 300,
+                         healthy_s=0.55)
+        for job in ("llm1", "llm2"):
+            cluster.set(job, slow)
+        wait_for_series(prom_url, "llm2")
+        rule = {"match": "llm.*", "adapter": "fake",
+                "options": {"record": str(env.record), "expected_costs": {"rebalance": 0.5, "restart": 1.0}}}
+        for job, config, cost in (("llm1", {"jobs": [rule]}, 0.5),  # the adapter's, over the default 2 s
+                                  ("llm2", {"jobs": [rule], "costs": {"rebalance": 1.5}}, 1.5)):  # the config's
+            with env.app(mode="dry-run", config=config, replica=job) as c:
+                c.post("/api/v1/alerts", content=body(job, [{**FIRING[0], "fp": f"f-{job}"}]), headers=AUTH)
+                plan = wait_for(lambda c=c, job=job: [a for a in c.get("/actions", headers=AUTH).json()
+                                                      if a["job"] == job], 30, "a dry-run plan", every=0.1)[0]
+                assert plan["strategy"] == "rebalance" and plan["predicted"]["cost_s"] == cost
+                ev = c.get(f"/events/{plan['event_id']}", headers=AUTH).json()
+                assert ev["info"]["costs"] == {"rebalance": 0.5, "restart": 1.0}
+        assert env.executed() == []
+
+
 def test_the_planner_rebalances_a_slow_replica_from_real_prometheus_data(tmp_path: Path) -> None:
     with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
             fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):

@@ -13,6 +13,7 @@ import pytest
 from failslow.errors import InputError
 from testbed.config import ModelConfig
 from testbed.launcher import JobConfig, Testbed
+from testbed.validation import expected_pause_s
 
 
 def test_loopback_spares_are_node_indices_a_restart_may_use() -> None:
@@ -30,10 +31,16 @@ def test_loopback_spares_are_node_indices_a_restart_may_use() -> None:
         st = tb.status()
         assert st["num_nodes"] == 4 and st["spare_nodes"] == [2, 3] and st["placement"] == [0, 1]
         assert st["resume_iteration"] == 0 and st["restart_pause_s"] is None
+        # what the job took to come up is what a restart is expected to cost before one was measured
+        up = st["startup_s"]
+        assert 0 < up < time.time() - tb.start_unix
+        assert st["expected_costs"] == {"rebalance": 0.0, "validate": expected_pause_s(2), "topology": up,
+                                        "restart": up}
         resumed = tb.restart([0, 3])
         rep = tb.wait(timeout_s=120)
         st = tb.status()
     assert st["spare_nodes"] == [1, 2] and st["resume_iteration"] == resumed and st["restart_pause_s"] > 0
+    assert st["startup_s"] == up  # the job's first start, not the restart's
     assert rep["placement"] == [0, 3] and rep["num_nodes"] == 4 and rep["layout"]["num_nodes"] == 2
     for r in "01":
         assert rep["iterations"][r] == list(range(16))

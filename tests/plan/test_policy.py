@@ -354,6 +354,19 @@ def test_accrue_judge_recovered_restore_and_nodes() -> None:
     assert bad_nodes((Suspect("compute", 2, "x"), Suspect("link", None, "n9")), (0, 1, 2, 3), ("a", "b", "c", "d")) == ["c", "n9"]
 
 
+def test_costs_come_from_the_most_specific_source_that_has_one() -> None:
+    # a person's config set restart (and validate, to the default's own value); the adapter expects
+    # restart, topology and validate from what it measured of the job; rebalance was measured on the cluster
+    configured = Costs(restart=30.0, validate=10.0)
+    got = configured.layered({"restart", "validate"}, {"restart": 1.0, "topology": 0.7, "validate": 0.8},
+                             {"rebalance": 0.0})
+    assert got == Costs(validate=10.0, rebalance=0.0, topology=0.7, restart=30.0)
+    # nothing expected, nothing measured: the config over the built-in defaults
+    assert configured.layered({"restart"}, {}, {}) == Costs(restart=30.0)
+    # a measurement beats the config and the adapter's estimate alike
+    assert configured.layered({"restart"}, {"restart": 1.0}, {"restart": 2.5}).restart == 2.5
+
+
 def test_policy_and_costs_refuse_nonsense() -> None:
     with pytest.raises(InputError):
         Policy(min_gain=1.5)

@@ -20,6 +20,7 @@ def test_defaults_and_first_match_wins() -> None:
     assert cfg.rule_for("xllm-7").adapter == "fake"  # whole-label match
     assert cfg.policy.cooldown_s == 10 and cfg.policy.approval == {"restart", "topology"}
     assert cfg.costs.restart == 30 and cfg.costs.rebalance == 2
+    assert cfg.costs_given == {"restart"}  # the rest are defaults an adapter's estimate may replace
 
 
 @pytest.mark.parametrize("doc, words", [
@@ -51,3 +52,13 @@ def test_reading(tmp_path: Path) -> None:
     p.write_text("jobs: [")
     with pytest.raises(InputError, match="not YAML"):
         read_config(p)
+
+
+@pytest.mark.parametrize("costs", [{"reboot": 1.0}, {"restart": -1.0}, {"restart": True}, {"restart": "1"}])
+def test_the_fake_adapters_expected_costs_are_seconds_per_strategy(costs: dict[str, object]) -> None:
+    from remediator.adapters.base import ConfigError
+    from remediator.adapters.fake import Adapter
+
+    with pytest.raises(ConfigError, match="expected_costs"):
+        Adapter("j", {}, {"expected_costs": costs})
+    assert Adapter("j", {}, {"expected_costs": {"restart": 3}}).info().costs == {"restart": 3.0}
