@@ -46,7 +46,8 @@ def run() -> str:
         for a in r["actions"]:
             p = a.get("params") or {}
             if a["strategy"] == "topology":
-                shown.append({**a, "params": {"counts": f"{p.get('placement')} split {p.get('counts')}"}})
+                split = f" split {p['counts']}" if p.get("counts") else ""  # else the split stayed
+                shown.append({**a, "params": {"counts": f"{p.get('placement')}{split}"}})
             else:
                 shown.append(a)
         return {**r, "actions": shown}
