@@ -220,7 +220,13 @@ class PeriodTracker:
             # a young stream's first answer (few repeats) may be a micro-batch, not the iteration.
             grown = self._end() - self._seg >= 2 * self._est_len and self._est_len < self.buffer
             pending = self._cand is not None and self._cand != self._period  # a lock-in to confirm
-            if (self._period is None or self._since_est >= self.refresh or grown or pending) \
+            # The period in force shown without confidence (an estimate over a stretch holding two paces):
+            # estimated again every few iterations, so the latest ones can vouch for it (the rule in
+            # `_estimate`) as soon as they are regular, not when the stretch has doubled (a one-call period
+            # at 1.8 s per iteration hid a DP4 job's gauges for 150 s after a CPU fault).
+            doubt = self._period is not None and self._shown == self._period \
+                and self._shown_conf < CONFIDENCE_MIN and self._since_est >= 2 * self.min_repeats * self._period
+            if (self._period is None or self._since_est >= self.refresh or grown or pending or doubt) \
                     and self._end() >= self._next_try:
                 changed |= self._estimate()
             if self._period is None:
