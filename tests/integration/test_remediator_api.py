@@ -5,6 +5,7 @@ Redis going away, and the planner acting through the fake adapter.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Iterator
@@ -317,16 +318,21 @@ def test_restart_waits_for_approval_reject_and_approve(env: Env) -> None:
         assert c.post("/remediate", json=req2, headers=AUTH).json()["action"]["state"] in ("running", "succeeded")
 
 
-def test_an_adapters_expected_cost_sits_between_the_defaults_and_the_config(tmp_path: Path) -> None:
+@contextlib.contextmanager
+def two_slow_jobs(tmp_path: Path) -> Iterator[Env]:
+    """A Redis and a real Prometheus scraping jobs llm1 and llm2, each with DP replica 1's first stage 3x slower."""
     with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
             fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
-        env = Env(tmp_path, r.url, prom_url)
-        now = time.time()
-        slow = JobSeries({(0, 0): 0.10, (0, 1): 0.10, (1, 0): 0.30, (1, 1): 0.10}, [4, 4], onset_ts=now - 300,
-                         healthy_s=0.55)
+        slow = JobSeries({(0, 0): 0.10, (0, 1): 0.10, (1, 0): 0.30, (1, 1): 0.10}, [4, 4],
+                         onset_ts=time.time() - 300, healthy_s=0.55)
         for job in ("llm1", "llm2"):
             cluster.set(job, slow)
         wait_for_series(prom_url, "llm2")
+        yield Env(tmp_path, r.url, prom_url)
+
+
+def test_an_adapters_expected_cost_sits_between_the_defaults_and_the_config(tmp_path: Path) -> None:
+    with two_slow_jobs(tmp_path) as env:
         rule = {"match": "llm.*", "adapter": "fake",
                 "options": {"record": str(env.record), "expected_costs": {"rebalance": 0.5, "restart": 1.0}}}
         for job, config, cost in (("llm1", {"jobs": [rule]}, 0.5),  # the adapter's, over the default 2 s
@@ -342,15 +348,7 @@ def test_an_adapters_expected_cost_sits_between_the_defaults_and_the_config(tmp_
 
 
 def test_the_planner_rebalances_a_slow_replica_from_real_prometheus_data(tmp_path: Path) -> None:
-    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
-            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
-        env = Env(tmp_path, r.url, prom_url)
-        now = time.time()
-        slow = JobSeries({(0, 0): 0.10, (0, 1): 0.10, (1, 0): 0.30, (1, 1): 0.10}, [4, 4], onset_ts=now - 300,
-                         healthy_s=0.55)
-        cluster.set("llm1", slow)
-        cluster.set("llm2", slow)
-        wait_for_series(prom_url, "llm2")
+    with two_slow_jobs(tmp_path) as env:
         cfg = {"jobs": [{"match": "llm.*", "adapter": "fake", "options": {"record": str(env.record)}}],
                "costs": {"rebalance": 2.0}}
         # dry-run: the plan is made and audited, nothing is executed
