@@ -12,6 +12,13 @@ model, exact S2 solver, ski-rental gate) and acts. Each row ends 50 s after the 
 * Fig. 14 — DP4xPP1 with 1, 2, 3 and all 4 DP replicas slowed (medium). With all slowed there is nothing
   to move: the remediator must not act.
 
+Every replica runs 8 micro-batches of 2 sequences per iteration (the testbed's default is 4 of 4: the same
+global batch). A split moves whole micro-batches, so how much of a slowdown S2 can take back depends on how
+many there are: with 4 per replica the best split of DP2xPP2 takes back 25% of a 1.33x slowdown, with 8 50%.
+The "best split" column says what S2 could reach at most: the exact solver's split if the slowed stage were
+exactly device / quota times slower and nothing else changed (1F1B: a replica of m micro-batches takes
+(m-1) max tau + sum tau), and the share of the slowdown it removes (the fixed per-iteration time cancels).
+
 Columns: iteration time healthy (before the fault), with the fault (until the first action) and mitigated
 (from 25 s after the action until the row ends), all medians of the trainer's own per-iteration times;
 slowdown reduced = (slow - mitigated) / (slow - healthy); fault -> action = from the fault to the adapter
@@ -22,13 +29,18 @@ the action's measured cost; the pace model's prediction made before the action b
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+from failslow.plan import rebalance
+from failslow.topology import Layout
+
 TITLE = "Mitigation on the testbed: S2 with the remediator deciding (FALCON Fig. 13, Fig. 14)"
 DEVICE = 0.4
 SEVERITY = {"weak": 0.3, "medium": 0.2, "severe": 0.12}
+MICRO_BATCHES, MICRO_BATCH_SIZE = 8, 2  # per replica per iteration; sequences per micro-batch
 SETTLE_S = 25.0  # after the action, before the mitigated pace is measured
 AFTER_S = 50.0  # the row ends this long after the first action finished
 QUIET_S = 200.0  # a row without any action ends this long after the fault
@@ -113,26 +125,52 @@ def line(name: str, r: dict[str, Any]) -> str:
 HEADER = ["| case | healthy | fail-slow | mitigated | slowdown reduced | actions | fault → action | decision | "
           "action cost | predicted / error |",
           "|---|---|---|---|---|---|---|---|---|---|"]
+S2_HEADER = [HEADER[0] + " best split / reduction |", HEADER[1] + "---|"]
+
+
+def best_split(dp: int, pp: int, slowed: Sequence[int], factor: float, per_replica: int) -> tuple[list[int], float]:
+    """The split S2 could reach at most and the share of the slowdown it removes: one stage of each `slowed`
+    replica exactly `factor` times slower, every other stage as healthy, a 1F1B replica of m micro-batches
+    taking ``(m-1) max tau + sum tau`` (m * max tau plus the other stages' tau: the exact solver's offsets)."""
+    t = [factor if d in slowed else 1.0 for d in range(dp)]
+    res = rebalance(t, dp * per_replica, 1, offsets=float(pp - 1))
+    healthy = per_replica + pp - 1.0
+    slow = per_replica * max(t) + pp - 1.0
+    return [int(c) for c in res.counts], (slow - float(res.makespan)) / (slow - healthy) if slow > healthy else 0.0
+
+
+def s2_line(name: str, r: dict[str, Any], best: tuple[list[int], float]) -> str:
+    """A Fig. 13 / 14 row: :func:`line` and the best split."""
+    return line(name, r) + f" {best[0]} / {best[1]:.0%} |"
 
 
 def run() -> str:
     """Measure; return the Markdown section."""
-    fig13: list[tuple[str, dict[str, Any]]] = []
+    mb = {"micro_batches": MICRO_BATCHES, "micro_batch_size": MICRO_BATCH_SIZE}
+    fig13: list[tuple[str, dict[str, Any], tuple[list[int], float]]] = []
     for dp, pp in ((2, 2), (4, 1)):
         for sev, quota in SEVERITY.items():
-            fig13.append((f"DP{dp}xPP{pp}, {sev} (quota {quota:g})", row(dp, pp, [f"cpu:rank=1,quota={quota:g}"])))
-    fig14: list[tuple[str, dict[str, Any]]] = []
+            # the replica rank 1 is in (replica 1 in both layouts: ranks go through DP first)
+            rep = Layout(dp=dp, pp=pp).coords(1).dp
+            fig13.append((f"DP{dp}xPP{pp}, {sev} (quota {quota:g})",
+                          row(dp, pp, [f"cpu:rank=1,quota={quota:g}"], **mb),
+                          best_split(dp, pp, [rep], DEVICE / quota, MICRO_BATCHES)))
+    fig14: list[tuple[str, dict[str, Any], tuple[list[int], float]]] = []
     for k in (2, 3, 4):  # k = 1 is the medium DP4 row of Fig. 13
         fig14.append((f"DP4xPP1, {k} of 4 replicas slowed",
-                      row(4, 1, [f"cpu:rank={r},quota={SEVERITY['medium']:g}" for r in range(k)])))
-    lines = ["Command: `.venv/bin/python -m bench mitigate` (one run per row, rows one after another).", "",
-             "**Fig. 13 — one slow DP replica, three severities**", "", *HEADER,
-             *(line(n, r) for n, r in fig13), "",
-             "**Fig. 14 — DP4xPP1, several replicas slowed (medium)**", "", *HEADER,
-             line("DP4xPP1, 1 of 4 replicas slowed", fig13[4][1]), *(line(n, r) for n, r in fig14), "",
+                      row(4, 1, [f"cpu:rank={r},quota={SEVERITY['medium']:g}" for r in range(k)], **mb),
+                      best_split(4, 1, list(range(k)), DEVICE / SEVERITY["medium"], MICRO_BATCHES)))
+    lines = ["Command: `.venv/bin/python -m bench mitigate` (one run per row, rows one after another; "
+             f"{MICRO_BATCHES} micro-batches of {MICRO_BATCH_SIZE} sequences per replica).", "",
+             "**Fig. 13 — one slow DP replica, three severities**", "", *S2_HEADER,
+             *(s2_line(*x) for x in fig13), "",
+             "**Fig. 14 — DP4xPP1, several replicas slowed (medium)**", "", *S2_HEADER,
+             s2_line("DP4xPP1, 1 of 4 replicas slowed", *fig13[4][1:]), *(s2_line(*x) for x in fig14), "",
              "Healthy / fail-slow / mitigated are the trainer's own iteration times (medians); the action cost is "
              "the adapter call's duration (a split applies at an iteration boundary: no pause); the prediction is "
-             "the pace model's, made before the action. FALCON reports 55.3-82.9% for S2 on one slow replica."]
+             "the pace model's, made before the action; the best split is what S2 could reach at most "
+             "(`best_split`: the slowed stage exactly device / quota times slower, the pipeline's 1F1B time). "
+             "FALCON reports 55.3-82.9% for S2 on one slow replica."]
     return "\n".join(lines) + "\n"
 
 

@@ -206,6 +206,7 @@ def _poll_remediator(rem: Remediator, state: LoopState, stop: threading.Event, e
 def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] = DEFAULT_FAULT,
              warmup_s: float = 40.0,
              fault_s: float = 150.0, max_s: float = 600.0, mode: str = "auto", micro_batches: int = 4,
+             micro_batch_size: int | None = None,
              device_speed: float | None = 0.4, poll_s: float = 5.0, policy: dict[str, Any] | None = None,
              costs: dict[str, Any] | None = None, iterations: int = 100_000, spare_nodes: int = 0,
              stop_when: Callable[[LoopState], bool] | None = None,
@@ -217,7 +218,8 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
     (checked every second; default: the remediator closed the job's event after the fault ended and put the
     job's own split back, or 60 s passed since the close) or `max_s`.
 
-    `on_tick(state)` is called every second (the demo's live view).
+    `on_tick(state)` is called every second (the demo's live view). `micro_batches` per DP replica of
+    `micro_batch_size` sequences each (None: the testbed's default size).
     """
     job = f"loop{os.getpid()}"
     token = secrets.token_hex(16)
@@ -233,7 +235,8 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
     config = {"jobs": [{"match": re.escape(job), "adapter": "testbed", "options": {"run_dir": str(run_dir)}}],
               "policy": pol, **({"costs": costs} if costs else {})}
     res = LoopResult(state=state, fault_spec=spec, token=token, remediator_url=f"http://127.0.0.1:{ports['remediator']}",
-                     settings={"mode": mode, "policy": pol, "device_speed": device_speed, "micro_batches": micro_batches})
+                     settings={"mode": mode, "policy": pol, "device_speed": device_speed,
+                               "micro_batches": micro_batches, "micro_batch_size": micro_batch_size})
     cli = failslow_cli()
     stop = threading.Event()
     with ExitStack() as stack:
@@ -274,6 +277,8 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
                 "--report", str(tmp / "report.json"), "--progress"]
         if device_speed is not None:
             argv += ["--device-speed", f"{device_speed:g}"]
+        if micro_batch_size is not None:
+            argv += ["--micro-batch-size", str(micro_batch_size)]
         if spare_nodes:
             argv += ["--spare-nodes", str(spare_nodes)]
         tb = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
