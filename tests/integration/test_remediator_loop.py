@@ -24,7 +24,10 @@ pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.timeout(600
 
 
 def test_fault_alert_rebalance_recovery_restore_close(tmp_path: Path) -> None:
-    res = run_loop(tmp_path, fault_s=110.0, max_s=420.0)
+    # "back" = within 1.25x of the healthy pace measured before the fault: on this shared 2-core host the
+    # pace of a job with no fault drifted 10-23% within minutes (one run ended 245 s after the job's own
+    # split was back, at 1.12-1.23x, never confirmed within the default 1.1x); the fault itself is 2.9x
+    res = run_loop(tmp_path, fault_s=110.0, max_s=420.0, policy={"recovered_ratio": 1.25})
     s = res.state
     print(res.summary())
     diag = f"{res.summary()}\nactions: {s.actions}\nevents: {s.events}\nremediator log:\n" \
