@@ -34,7 +34,10 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
+import numpy as np
+
 from failslow.plan import rebalance
+from failslow.plan.pace import PaceModel
 from failslow.topology import Layout
 
 TITLE = "Mitigation on the testbed: S2 with the remediator deciding (FALCON Fig. 13, Fig. 14)"
@@ -129,14 +132,19 @@ S2_HEADER = [HEADER[0] + " best split / reduction |", HEADER[1] + "---|"]
 
 
 def best_split(dp: int, pp: int, slowed: Sequence[int], factor: float, per_replica: int) -> tuple[list[int], float]:
-    """The split S2 could reach at most and the share of the slowdown it removes: one stage of each `slowed`
-    replica exactly `factor` times slower, every other stage as healthy, a 1F1B replica of m micro-batches
-    taking ``(m-1) max tau + sum tau`` (m * max tau plus the other stages' tau: the exact solver's offsets)."""
-    t = [factor if d in slowed else 1.0 for d in range(dp)]
-    res = rebalance(t, dp * per_replica, 1, offsets=float(pp - 1))
-    healthy = per_replica + pp - 1.0
-    slow = per_replica * max(t) + pp - 1.0
-    return [int(c) for c in res.counts], (slow - float(res.makespan)) / (slow - healthy) if slow > healthy else 0.0
+    """The split S2 could reach at most and the share of the slowdown it removes: the first stage of each
+    `slowed` replica exactly `factor` times slower, every other stage as healthy, in the remediator's own
+    pipeline model (:class:`failslow.plan.pace.PaceModel`: a 1F1B replica of m micro-batches takes
+    ``(m-1) max tau + sum tau``) with no fixed part, which cancels in the share."""
+    tau = np.ones((dp, pp))
+    tau[list(slowed), 0] = factor
+    even = (per_replica,) * dp
+    slow = PaceModel(tau, even, 0.0, 0.0)
+    res = rebalance(slow.times, dp * per_replica, 1, offsets=slow.offsets)
+    healthy = float(PaceModel(np.ones((dp, pp)), even, 0.0, 0.0).replica_s(even).max())
+    before = float(slow.replica_s(even).max())
+    gain = (before - float(res.makespan)) / (before - healthy) if before > healthy else 0.0
+    return [int(c) for c in res.counts], gain
 
 
 def s2_line(name: str, r: dict[str, Any], best: tuple[list[int], float]) -> str:
