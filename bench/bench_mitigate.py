@@ -5,6 +5,8 @@ per node, every rank a device of speed 0.4 of a CPU), the exporter, Prometheus w
 detector, Alertmanager and the remediator in auto mode with the testbed adapter. After 40 s of healthy
 training CPU quota faults slow one or more ranks; the detector opens an event, the remediator plans (pace
 model, exact S2 solver, ski-rental gate) and acts. Each row ends 50 s after the first action finished.
+Each Fig. 13 case runs `REPEATS` times (the cases in turns) and its row shows the median run beside every
+run's reduction: on this shared host the same case has varied by up to 17 points between runs.
 
 * Fig. 13 — one slow rank (so one slow DP replica), weak / medium / severe: quota 0.3 / 0.2 / 0.12 CPU on
   a device of 0.4 (1.3x / 2x / 3.3x slower compute), on DP2xPP2 and DP4xPP1 (4 ranks each: the most this
@@ -44,6 +46,7 @@ TITLE = "Mitigation on the testbed: S2 with the remediator deciding (FALCON Fig.
 DEVICE = 0.4
 SEVERITY = {"weak": 0.3, "medium": 0.2, "severe": 0.12}
 MICRO_BATCHES, MICRO_BATCH_SIZE = 8, 2  # per replica per iteration; sequences per micro-batch
+REPEATS = 3  # runs of each Fig. 13 case, taken in turns so that a drift of the host reaches every case alike
 SETTLE_S = 25.0  # after the action, before the mitigated pace is measured
 AFTER_S = 50.0  # the row ends this long after the first action finished
 QUIET_S = 200.0  # a row without any action ends this long after the fault
@@ -97,11 +100,26 @@ def fmt(x: Any, d: int = 3, unit: str = " s") -> str:
     return "–" if x is None else f"{float(x):.{d}f}{unit}"
 
 
+def reduced(r: dict[str, Any]) -> float | None:
+    """The share of the slowdown a row's mitigation removed, (slow - mitigated) / (slow - healthy)."""
+    h, s, m = r.get("healthy"), r.get("slow"), r.get("mitigated")
+    return (s - m) / (s - h) if h and s and m and s > h else None
+
+
 def paces(r: dict[str, Any]) -> str:
     """A row's healthy, fail-slow and mitigated cells and the share of the slowdown removed."""
-    h, s, m = r.get("healthy"), r.get("slow"), r.get("mitigated")
-    red = f"{(s - m) / (s - h):.0%}" if h and s and m and s > h else "–"
-    return f"{fmt(h)} | {fmt(s)} | {fmt(m)} | {red}"
+    red = reduced(r)
+    return f"{fmt(r.get('healthy'))} | {fmt(r.get('slow'))} | {fmt(r.get('mitigated'))} | " \
+           f"{'–' if red is None else f'{red:.0%}'}"
+
+
+def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The run whose reduction is the median of the runs' (a run without one counts as the lowest)."""
+    def key(r: dict[str, Any]) -> float:
+        red = reduced(r)
+        return -1.0 if red is None else red
+
+    return sorted(runs, key=key)[(len(runs) - 1) // 2]
 
 
 def prediction(r: dict[str, Any]) -> str:
@@ -128,7 +146,7 @@ def line(name: str, r: dict[str, Any]) -> str:
 HEADER = ["| case | healthy | fail-slow | mitigated | slowdown reduced | actions | fault → action | decision | "
           "action cost | predicted / error |",
           "|---|---|---|---|---|---|---|---|---|---|"]
-S2_HEADER = [HEADER[0] + " best split / reduction |", HEADER[1] + "---|"]
+S2_HEADER = [HEADER[0] + " best split / reduction | reduced, each run |", HEADER[1] + "---|---|"]
 
 
 def best_split(dp: int, pp: int, slowed: Sequence[int], factor: float, per_replica: int) -> tuple[list[int], float]:
@@ -147,33 +165,41 @@ def best_split(dp: int, pp: int, slowed: Sequence[int], factor: float, per_repli
     return [int(c) for c in res.counts], gain
 
 
-def s2_line(name: str, r: dict[str, Any], best: tuple[list[int], float]) -> str:
-    """A Fig. 13 / 14 row: :func:`line` and the best split."""
-    return line(name, r) + f" {best[0]} / {best[1]:.0%} |"
+def s2_line(name: str, runs: Sequence[dict[str, Any]], best: tuple[list[int], float]) -> str:
+    """A Fig. 13 / 14 row: :func:`line` of the median run, the best split and every run's reduction."""
+    each = " / ".join("–" if reduced(r) is None else f"{reduced(r):.0%}" for r in runs)
+    return line(name, median_run(runs)) + f" {best[0]} / {best[1]:.0%} | {each} |"
 
 
 def run() -> str:
     """Measure; return the Markdown section."""
     mb = {"micro_batches": MICRO_BATCHES, "micro_batch_size": MICRO_BATCH_SIZE}
-    fig13: list[tuple[str, dict[str, Any], tuple[list[int], float]]] = []
+    cases = []
     for dp, pp in ((2, 2), (4, 1)):
         for sev, quota in SEVERITY.items():
             # the replica rank 1 is in (replica 1 in both layouts: ranks go through DP first)
             rep = Layout(dp=dp, pp=pp).coords(1).dp
-            fig13.append((f"DP{dp}xPP{pp}, {sev} (quota {quota:g})",
-                          row(dp, pp, [f"cpu:rank=1,quota={quota:g}"], **mb),
+            cases.append((f"DP{dp}xPP{pp}, {sev} (quota {quota:g})", dp, pp, [f"cpu:rank=1,quota={quota:g}"],
                           best_split(dp, pp, [rep], DEVICE / quota, MICRO_BATCHES)))
-    fig14: list[tuple[str, dict[str, Any], tuple[list[int], float]]] = []
+    runs: list[list[dict[str, Any]]] = [[] for _ in cases]
+    for _ in range(REPEATS):
+        for i, (_, dp, pp, faults, _) in enumerate(cases):
+            runs[i].append(row(dp, pp, faults, **mb))
+    fig13 = [(name, runs[i], best) for i, (name, _, _, _, best) in enumerate(cases)]
+    fig14: list[tuple[str, list[dict[str, Any]], tuple[list[int], float]]] = []
     for k in (2, 3, 4):  # k = 1 is the medium DP4 row of Fig. 13
         fig14.append((f"DP4xPP1, {k} of 4 replicas slowed",
-                      row(4, 1, [f"cpu:rank={r},quota={SEVERITY['medium']:g}" for r in range(k)], **mb),
+                      [row(4, 1, [f"cpu:rank={r},quota={SEVERITY['medium']:g}" for r in range(k)], **mb)],
                       best_split(4, 1, list(range(k)), DEVICE / SEVERITY["medium"], MICRO_BATCHES)))
-    lines = ["Command: `.venv/bin/python -m bench mitigate` (one run per row, rows one after another; "
-             f"{MICRO_BATCHES} micro-batches of {MICRO_BATCH_SIZE} sequences per replica).", "",
+    lines = ["Command: `.venv/bin/python -m bench mitigate` (each Fig. 13 case run "
+             f"{REPEATS} times, the cases in turns; each Fig. 14 case once; {MICRO_BATCHES} micro-batches of "
+             f"{MICRO_BATCH_SIZE} sequences per replica).", "",
              "**Fig. 13 — one slow DP replica, three severities**", "", *S2_HEADER,
              *(s2_line(*x) for x in fig13), "",
              "**Fig. 14 — DP4xPP1, several replicas slowed (medium)**", "", *S2_HEADER,
              s2_line("DP4xPP1, 1 of 4 replicas slowed", *fig13[4][1:]), *(s2_line(*x) for x in fig14), "",
+             "Each row's cells are those of its median run (by slowdown reduced; the last column lists every "
+             "run's, in the order they ran). "
              "Healthy / fail-slow / mitigated are the trainer's own iteration times (medians); the action cost is "
              "the adapter call's duration (a split applies at an iteration boundary: no pause); the prediction is "
              "the pace model's, made before the action; the best split is what S2 could reach at most "
