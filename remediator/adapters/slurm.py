@@ -6,6 +6,14 @@ the job resumes from its own checkpoint) and its ``ExcNodeList`` gets the bad no
 placed on them even if an administrator resumes a node early. The adapter then waits until the job runs
 again and reports the pause, measured from the requeue to Slurm's new ``StartTime``.
 
+Before the remediator has measured a restart, :meth:`Adapter.info` gives the planner Slurm's own estimate
+of one (``JobInfo.costs["restart"]``): the requeue hold (Slurm keeps a requeued batch job from starting for
+``cred_expire`` + 1 seconds, ``AuthInfo`` in ``scontrol show config``, 120 s by default) plus the wait this
+job had for nodes once it was eligible, its current run's ``StartTime - EligibleTime``. On a job that was
+requeued before, that sum is exactly its last requeue-to-start pause (Slurm resets ``SubmitTime`` at a
+requeue and sets ``EligibleTime`` a hold later). It leaves out the job's own start-up (loading the
+checkpoint), which Slurm does not see: a lower bound, which the first measured restart replaces.
+
 Options (``Adapter(job, labels, options)``):
 
 * ``job_id_label`` (str, ``"slurm_job_id"``): alert or job label carrying the Slurm job id; when absent
@@ -68,6 +76,8 @@ _KEY = re.compile(r"(?<!\S)([A-Za-z][\w/:]*)=")
 _MARK = re.compile(r"failslow:(?P<id>\S+?):restarts=(?P<n>\d+)")
 _JOB_ID = re.compile(r"^\d+(_\d+)?$")
 _UNSET = frozenset({"", "(null)", "None", "Unknown", "N/A"})
+DEFAULT_CRED_EXPIRE_S = 120  # Slurm's default cred_expire (AuthInfo), which sets the requeue hold
+_CRED_EXPIRE = re.compile(r"(?:^|,)\s*cred_expire=(\d+)")
 
 
 def parse_fields(line: str) -> dict[str, str]:
@@ -87,6 +97,18 @@ def parse_time(value: str) -> float | None:
         return time.mktime(time.strptime(value, "%Y-%m-%dT%H:%M:%S"))
     except ValueError:
         return None
+
+
+def requeue_hold_s(config: str) -> float:
+    """How long Slurm holds a requeued batch job before it may start, from ``scontrol show config`` output:
+    ``cred_expire`` (``AuthInfo``; 120 s when not set) plus one second."""
+    for line in config.splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "AuthInfo":
+            m = _CRED_EXPIRE.search(value.strip())
+            if m:
+                return float(int(m.group(1)) + 1)
+    return float(DEFAULT_CRED_EXPIRE_S + 1)
 
 
 def marker(action_id: str, restarts: int) -> str:
@@ -130,6 +152,7 @@ class SlurmJob:
     partition: str
     num_nodes: int
     start_time: float | None
+    eligible_time: float | None
     requeue: bool
     batch: bool
     admin_comment: str
@@ -148,7 +171,8 @@ class SlurmJob:
         return cls(job_id=f.get("JobId", ""), name=f.get("JobName", ""), state=f.get("JobState", ""),
                    reason=text("Reason"), restarts=num("Restarts"), node_list=text("NodeList"),
                    exc_node_list=text("ExcNodeList"), partition=text("Partition"), num_nodes=num("NumNodes"),
-                   start_time=parse_time(f.get("StartTime", "")), requeue=f.get("Requeue") == "1",
+                   start_time=parse_time(f.get("StartTime", "")),
+                   eligible_time=parse_time(f.get("EligibleTime", "")), requeue=f.get("Requeue") == "1",
                    batch=f.get("BatchFlag") == "1", admin_comment=text("AdminComment"))
 
 
@@ -206,6 +230,7 @@ class Adapter:
                 raise ConfigError(f"option 'slurm_conf': no file {conf}")
             env["SLURM_CONF"] = conf
         self._env = env
+        self._hold_s: float | None = None  # the requeue hold, read from the controller once
         # Templates are checked now, with every field they may use at action time.
         self.job_name = render(self.job_name_template, job, self.labels)
         render(self.drain_template, job, self.labels, action="a", reason="r", nodes="n", slurm_job_id="1")
@@ -217,7 +242,8 @@ class Adapter:
         return frozenset({"restart"})
 
     def info(self) -> JobInfo:
-        """The job's nodes (as the job's series name them) and its Slurm id, state and partition.
+        """The job's nodes (as the job's series name them), its Slurm id, state and partition, and the expected
+        cost of a restart (see the module docstring) once the job has run.
 
         Raises:
             AdapterError: the job cannot be found or Slurm does not answer.
@@ -228,8 +254,11 @@ class Adapter:
         if self.ranks_per_node is not None and slurm_nodes:
             layout = {"dp": None, "pp": None, "tp": None, "ranks_per_node": self.ranks_per_node}
             placement = [r // self.ranks_per_node for r in range(len(slurm_nodes) * self.ranks_per_node)]
+        costs = {}
+        if job.state == "RUNNING" and job.start_time is not None and job.eligible_time is not None:
+            costs["restart"] = self._requeue_hold() + max(0.0, job.start_time - job.eligible_time)
         return JobInfo(layout=layout, placement=placement, nodes=[self._reverse.get(n, n) for n in slurm_nodes],
-                       extra={"slurm_job_id": job.job_id, "state": job.state, "partition": job.partition,
+                       costs=costs, extra={"slurm_job_id": job.job_id, "state": job.state, "partition": job.partition,
                               "restarts": job.restarts, "slurm_nodes": slurm_nodes,
                               "excluded_nodes": self._hostnames(job.exc_node_list)})
 
@@ -441,6 +470,11 @@ class Adapter:
             if job_id in (fields.get("JobId"), f"{fields.get('ArrayJobId')}_{fields.get('ArrayTaskId')}"):
                 return SlurmJob.from_fields(fields)
         raise AdapterError(f"Slurm job {job_id} not found")
+
+    def _requeue_hold(self) -> float:
+        if self._hold_s is None:
+            self._hold_s = requeue_hold_s(self._scontrol("show", "config"))
+        return self._hold_s
 
     def _hostnames(self, node_list: str) -> list[str]:
         if not node_list:

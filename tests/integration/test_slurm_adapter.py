@@ -22,12 +22,15 @@ from failslow_cli.stack.slurm import SlurmCluster, slurm_cluster
 from remediator.adapters import build
 from remediator.adapters.base import ActionOutcome, ActionRequest, AdapterError, ConfigError
 from remediator.adapters.slurm import (
+    DEFAULT_CRED_EXPIRE_S,
     Adapter,
     SlurmJob,
     clean_reason,
     parse_fields,
     parse_marker,
+    parse_time,
     reason_names,
+    requeue_hold_s,
 )
 from tests.integration.polling import wait_for
 
@@ -36,6 +39,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 JOB = "llm-pretrain"
 # the job's series name nodes by their hostnames; Slurm calls them n1..n3
 NODE_MAP = {"host-n1": "n1", "host-n2": "n2", "host-n3": "n3"}
+CRED_EXPIRE_S = 5  # the test cluster's: a requeued job waits 6 s before it may start
 
 SCRIPT = """#!/bin/bash
 # A stand-in training job: resume from the checkpoint, one line per step (step restart nodes time).
@@ -89,7 +93,7 @@ def options(cluster: SlurmCluster, **extra: Any) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[SlurmCluster]:
     t0 = time.monotonic()
-    with slurm_cluster(("n1", "n2", "n3")) as c:
+    with slurm_cluster(("n1", "n2", "n3"), cred_expire_s=CRED_EXPIRE_S) as c:
         print(f"Slurm up in {time.monotonic() - t0:.1f}s at {c.root}")
         yield c
 
@@ -119,8 +123,14 @@ def restarted(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -
     assert isinstance(adapter, Adapter)
 
     info = adapter.info()
-    old_nodes = hostnames(cluster, show_job(cluster, job_id)["NodeList"])
+    fields = show_job(cluster, job_id)
+    old_nodes = hostnames(cluster, fields["NodeList"])
     assert info.nodes == [f"host-{n}" for n in old_nodes]
+    # before any restart: the requeue hold plus the wait this run had once eligible
+    start, eligible = parse_time(fields["StartTime"]), parse_time(fields["EligibleTime"])
+    assert start is not None and eligible is not None, fields
+    waited = start - eligible
+    assert info.costs == {"restart": CRED_EXPIRE_S + 1 + waited}, info.costs
     assert info.extra["slurm_job_id"] == str(job_id) and info.extra["state"] == "RUNNING"
     assert info.extra["partition"] == cluster.partition
 
@@ -243,6 +253,18 @@ def show_job_nodelist(cluster: SlurmCluster, nodes: list[str]) -> str:
     return cluster.run("scontrol", "show", "hostlist", ",".join(nodes)).stdout.strip()
 
 
+def test_after_a_restart_the_expected_cost_is_that_restarts_pause(cluster: SlurmCluster,
+                                                                  restarted: Restarted) -> None:
+    """Slurm's estimate for the next restart, read after one: the requeue-to-start pause the adapter measured
+    (to Slurm's one-second resolution)."""
+    r, out = restarted, restarted.outcome
+    assert out.ok and out.pause_s is not None
+    cost = r.adapter.info().costs["restart"]
+    print(f"measured pause {out.pause_s:.2f} s, expected cost now {cost:.2f} s")
+    assert cost >= CRED_EXPIRE_S + 1
+    assert abs(cost - out.pause_s) <= 1.0, (cost, out.pause_s)
+
+
 def test_recover_reports_the_restart_without_acting_again(cluster: SlurmCluster, restarted: Restarted) -> None:
     r = restarted
     before = show_job(cluster, r.job_id)
@@ -285,7 +307,7 @@ def test_an_unreachable_controller_is_a_transient_error() -> None:
 
 SHOW_JOB = ("JobId=42 JobName=llm pretrain UserId=root(0) GroupId=root(0) MCS_label=N/A JobState=PENDING "
             "Reason=BeginTime Dependency=(null) Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0 "
-            "StartTime=2026-11-25T10:59:52 EndTime=Unknown Partition=main AllocNode:Sid=localhost:5952 "
+            "SubmitTime=2026-11-25T10:57:51 EligibleTime=2026-11-25T10:59:52 StartTime=2026-11-25T10:59:52 EndTime=Unknown Partition=main AllocNode:Sid=localhost:5952 "
             "ReqNodeList=(null) ExcNodeList=n2 NodeList= NumNodes=2 NumCPUs=2 ReqB:S:C:T=0:0:*:* "
             "Socks/Node=* AdminComment=failslow:act-1:restarts=0 Power=")
 
@@ -296,9 +318,20 @@ def test_parse_show_job_line() -> None:
     job = SlurmJob.from_fields(f)
     assert (job.job_id, job.state, job.restarts, job.num_nodes) == ("42", "PENDING", 1, 2)
     assert job.node_list == "" and job.exc_node_list == "n2" and job.requeue and job.batch
-    assert job.start_time is not None
+    assert job.start_time is not None and job.eligible_time == job.start_time
     assert parse_marker(job.admin_comment) == ("act-1", 0)
     assert parse_marker("site note") is None
+
+
+def test_requeue_hold_is_cred_expire_plus_one_second() -> None:
+    conf = ("AuthAltTypes            = (null)\n"
+            "AuthInfo                = socket=/run/munge/munge.socket.2,cred_expire=30\n"
+            "AuthType                = auth/munge\n")
+    assert requeue_hold_s(conf) == 31.0
+    assert requeue_hold_s("AuthInfo                = cred_expire=5,socket=/tmp/m.sock\n") == 6.0
+    assert requeue_hold_s("AuthInfo                = (null)\n") == DEFAULT_CRED_EXPIRE_S + 1
+    assert requeue_hold_s("AuthInfo = socket=/x,my_cred_expire=9\n") == DEFAULT_CRED_EXPIRE_S + 1
+    assert requeue_hold_s("") == DEFAULT_CRED_EXPIRE_S + 1
 
 
 def test_drain_reason_always_names_the_action_on_one_short_line() -> None:
