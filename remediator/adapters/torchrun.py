@@ -43,6 +43,12 @@ adapter falls back to ``(restart, world)``, which cannot tell a membership-chang
 the line). The checkpoint request file holds the action id; the acknowledgement may be JSON with ``id``
 and ``step``.
 
+The same lines tell what a restart costs this job before the remediator has made one: every start of the
+worker group after another in the progress files' last MiB (an elastic restart after a failure, a
+membership change, an earlier action) is a pause, from the old group's last line to the new group's first,
+plus the steps recomputed at the old group's pace. :meth:`Adapter.info` gives the planner the median of
+the latest five as ``JobInfo.costs["restart"]``; with none seen it gives no estimate.
+
 Options (templates take ``{job}``, the job's labels, and the fields named):
 
 =====================  =====================================================================================
@@ -70,11 +76,13 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import itertools
 import json
 import math
 import os
 import re
 import signal
+import statistics
 import subprocess
 import tempfile
 import threading
@@ -102,6 +110,7 @@ _KNOWN_OPTIONS = frozenset({
     "spare_grace_s", "poll_interval_s",
 })
 _TAIL_BYTES = 1 << 20
+RESTARTS_KEPT = 5  # the expected cost of a restart is the median of the job's latest restarts, this many
 _RECOVER_BYTES = 64 << 20
 _MARK = "\x00node\x00"
 _SAFE_ID = re.compile(r"[^A-Za-z0-9._-]")
@@ -336,6 +345,59 @@ def summarise(records: Iterable[ProgressRecord], old_attempts: Iterable[str | No
                          lost if attempts and lost_known else None)
 
 
+@dataclass(frozen=True)
+class PastRestart:
+    """One start of the worker group after another, as the progress lines show it.
+
+    Attributes:
+        pause_s: From the previous group's last progress line to the new group's first.
+        iterations_lost: Steps the previous group completed that the new one computed again (None: unknown).
+        step_s: The previous group's seconds per step (None: it completed fewer than two).
+    """
+
+    pause_s: float
+    iterations_lost: int | None
+    step_s: float | None
+
+    @property
+    def cost_s(self) -> float:
+        """Seconds of training the restart cost: the pause plus the recomputed steps at the old pace."""
+        return self.pause_s + (self.iterations_lost or 0) * (self.step_s or 0.0)
+
+
+def past_restarts(records: Iterable[ProgressRecord]) -> list[PastRestart]:
+    """Pure: every restart of the worker group in `records` (any order, several files), oldest first.
+
+    Groups are told apart by their attempt; lines without one are a single group (no restart to see).
+    """
+    groups: dict[str | None, list[ProgressRecord]] = {}
+    for r in sorted(records, key=lambda r: r.time):
+        groups.setdefault(r.attempt, []).append(r)
+    if None in groups:
+        return []
+    out = []
+    for prev, cur in itertools.pairwise(groups.values()):  # in the order of their first lines
+        steps_prev = [r.step for r in prev if r.step is not None]
+        first = next((r.step for r in cur if r.step is not None), None)
+        lost = max(0, max(steps_prev) - (first - 1)) if steps_prev and first is not None else None
+        out.append(PastRestart(max(0.0, cur[0].time - max(r.time for r in prev)), lost, _step_s(prev)))
+    return out
+
+
+def _step_s(records: list[ProgressRecord]) -> float | None:
+    """Median over ranks of one group's seconds per step (a rank's first to last line)."""
+    per_rank: dict[int | None, list[ProgressRecord]] = {}
+    for r in records:
+        if r.step is not None:
+            per_rank.setdefault(r.rank, []).append(r)
+    rates = []
+    for rs in per_rank.values():
+        done = (rs[-1].step or 0) - (rs[0].step or 0)
+        if done > 0:
+            rates.append((rs[-1].time - rs[0].time) / done)
+    return statistics.median(rates) if rates else None
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Agents: pid files and processes
 
@@ -554,14 +616,16 @@ class Adapter:
         return frozenset({"restart"})
 
     def info(self) -> JobInfo:
-        """Nodes with live agents (or as configured), free spares, and the latest start's placement and step.
+        """Nodes with live agents (or as configured), free spares, the latest start's placement and step, and
+        the expected cost of a restart from the ones the progress lines show (module docstring).
 
         Raises:
             AdapterError: the progress or pid files cannot be read.
         """
         agents = self._live_agents()
         prog = self._progress_files()
-        latest = self._latest(prog.tail()) if prog is not None else None
+        records = prog.tail() if prog is not None else []
+        latest = self._latest(records)
         if self._pid_file is not None:
             nodes = sorted(agents)
         else:
@@ -578,9 +642,11 @@ class Adapter:
         extra: dict[str, Any] = {"agents": agents}
         if latest is not None:
             extra.update(last_step=latest.max_step, world=latest.world, restarts=latest.restarts)
+        history = past_restarts(records)[-RESTARTS_KEPT:]
+        costs = {"restart": statistics.median(h.cost_s for h in history)} if history else {}
         return JobInfo(layout=layout, placement=placement, nodes=nodes,
                        spare_nodes=[s for s in self._spares if s not in nodes and s not in agents],
-                       extra=extra)
+                       costs=costs, extra=extra)
 
     def execute(self, request: ActionRequest) -> ActionOutcome:
         """Restart the job without ``params["exclude_nodes"]`` (and the nodes of ``exclude_ranks``).

@@ -16,6 +16,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -28,7 +29,13 @@ import pytest
 from failslow_cli.stack.processes import free_port
 from remediator.adapters import adapter_class
 from remediator.adapters.base import ActionOutcome, ActionRequest, AdapterError, ConfigError
-from remediator.adapters.torchrun import Adapter, parse_progress, summarise
+from remediator.adapters.torchrun import (
+    RESTARTS_KEPT,
+    Adapter,
+    parse_progress,
+    past_restarts,
+    summarise,
+)
 from tests.integration.polling import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -297,6 +304,16 @@ def test_restart_excluding_a_node_onto_a_spare_then_without_one(cluster: Cluster
     assert out2.result["checkpoint_step"] is None and out2.result["spares_started"] == [], out2
     assert (f2["first"]["step"] - 1) % 10 == 0, f2["first"]  # a periodic checkpoint
     assert plain.info().nodes == ["n1"]
+    # The same restart as the progress lines alone tell it, which is what the next one is expected to cost
+    # (JobInfo.costs): the same steps recomputed, and a pause from the old group's last line, so longer by
+    # at most the time from that line to the stop.
+    keys = {k: k for k in ("step", "attempt", "node", "rank", "world", "restart", "time")}
+    history = past_restarts(parse_progress((c.run_dir / "progress.jsonl").read_bytes(), keys, 0.0)[0])
+    print(f"restarts the progress lines show: {history}")
+    assert history[-1].iterations_lost == out2.iterations_lost, (history, out2)
+    assert out2.pause_s is not None and out2.pause_s - 1e-6 <= history[-1].pause_s <= out2.pause_s + 1.0, history
+    assert plain.info().costs == {"restart": pytest.approx(
+        statistics.median(h.cost_s for h in history[-RESTARTS_KEPT:]))}
     # Had the remediator died after stopping n3 (journal left at "stopped"), recover() would have measured
     # the same restart from the progress lines.
     cut = {k: v for k, v in f2["journal"].items() if k != "outcome"} | {"id": "act-2b", "phase": "stopped"}
@@ -362,3 +379,36 @@ def test_progress_summary_adds_up_every_restart_after_the_stop() -> None:
     assert not summarise(recs[:1], ["1.0"], 16, 100.0).resumed
     bare, _ = parse_progress(b'{"step": 3}\n', keys, seen_at=42.0)
     assert bare[0].time == 42.0 and bare[0].attempt is None
+
+
+def test_past_restarts_cost_their_pause_and_the_steps_recomputed(tmp_path: Path) -> None:
+    keys = {k: k for k in ("step", "attempt", "node", "rank", "world", "restart", "time")}
+    rank0 = [_line(s, 1.0, "n1", 100.0 + 0.5 * (s - 1)) for s in range(1, 18)]     # 0.5 s a step, to 17 at 108
+    rank1 = [_line(s, 1.0, "n2", 100.1 + 0.5 * (s - 1), rank=1) for s in range(1, 17)]
+    again = [_line(11, 2.0, "n1", 130.0, restart=1), _line(12, 2.0, "n1", 130.4, restart=1),   # from 10, at 0.4
+             _line(13, 2.0, "n1", 130.8, restart=1),
+             _line(11, 3.0, "n1", 150.0, restart=2), _line(11, 3.0, "n3", 150.1, rank=1)]
+    # two files (one per node), read in any order: the restarts come out in the order they happened
+    (tmp_path / "n2.jsonl").write_bytes(b"".join(rank1))
+    (tmp_path / "n1.jsonl").write_bytes(b"".join(rank0 + again[:3]) + b"".join(again[3:]))
+    recs = [r for f in sorted(tmp_path.iterdir(), reverse=True) for r in parse_progress(f.read_bytes(), keys, 0)[0]]
+    got = past_restarts(recs)
+    assert len(got) == 2, got
+    assert (got[0].iterations_lost, got[1].iterations_lost) == (7, 3), got
+    assert got[0].pause_s == pytest.approx(130.0 - 108.0) and got[0].step_s == pytest.approx(0.5), got
+    assert got[1].pause_s == pytest.approx(150.0 - 130.8) and got[1].step_s == pytest.approx(0.4), got
+    assert got[0].cost_s == pytest.approx(22.0 + 7 * 0.5) and got[1].cost_s == pytest.approx(19.2 + 3 * 0.4)
+    # no attempt to tell groups apart, or a single group: nothing to learn from
+    assert past_restarts(parse_progress(b'{"step": 1, "time": 1}\n{"step": 2, "time": 2}\n', keys, 0)[0]) == []
+    assert past_restarts(parse_progress(b"".join(rank0), keys, 0)[0]) == []
+
+    # the adapter's estimate: the median of the latest restarts the progress files show
+    adapter = Adapter(JOB, {}, {"pid_file": str(tmp_path / "{node}.pid"), "progress_file": str(tmp_path / "*.jsonl")})
+    assert adapter.info().costs == {"restart": pytest.approx(statistics.median([got[0].cost_s, got[1].cost_s]))}
+    late = b"".join(_line(11, 4.0 + k, "n1", 200.0 + 10 * k, restart=3 + k) for k in range(RESTARTS_KEPT))
+    with (tmp_path / "n1.jsonl").open("ab") as out:
+        out.write(late)  # each 10 s after the line before it (a one-line group: no pace to cost its step at)
+    assert adapter.info().costs == {"restart": pytest.approx(10.0)}
+    for path in tmp_path.glob("*.jsonl"):
+        path.unlink()
+    assert adapter.info().costs == {}
