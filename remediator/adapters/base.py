@@ -192,6 +192,18 @@ def render(template: str, job: str, labels: Mapping[str, str] | None = None, **e
     return "".join(out)
 
 
+def strategy_costs(value: Any) -> dict[str, float] | None:
+    """`value` as ``JobInfo.costs`` (strategy name -> seconds, finite and >= 0), or None when it is not one."""
+    if not isinstance(value, Mapping) or set(value) - set(STRATEGY_NAMES):
+        return None
+    out = {}
+    for k, v in value.items():
+        if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < float("inf"):
+            return None
+        out[str(k)] = float(v)
+    return out
+
+
 def option(options: Mapping[str, Any], key: str, kind: type | tuple[type, ...], default: Any = ...) -> Any:
     """One adapter option, type-checked; `default` omitted means required.
 

@@ -63,8 +63,9 @@ Answers:
 * a timeout, HTTP 5xx, 408 or 429, a refused or dropped connection: a transient one.
 
 ``info`` answers a JSON object with any of ``layout`` (``{"dp", "pp", "tp", "ranks_per_node"}``),
-``placement`` (node index per rank), ``nodes``, ``spare_nodes``, ``microbatches`` and ``extra``; other keys
-go to ``extra``. Without ``info`` every field is unknown. A strategy's ``recover`` call is asked about one
+``placement`` (node index per rank), ``nodes``, ``spare_nodes``, ``microbatches``, ``costs`` (strategy ->
+seconds: what the launcher expects each action to cost the job, e.g. its last restart's pause; the planner
+uses it until it measured the strategy itself) and ``extra``; other keys go to ``extra``. Without ``info`` every field is unknown. A strategy's ``recover`` call is asked about one
 action id after a remediator crash and answers its outcome as above (exit 0 / 2xx, ``ok`` default true);
 exit 3 or HTTP 404 means "never heard of it" (the outcome is unknown: :meth:`Adapter.recover` returns None).
 It is never a retry: the adapter does not run the action again.
@@ -96,6 +97,7 @@ from remediator.adapters.base import (
     JobInfo,
     option,
     render,
+    strategy_costs,
 )
 
 OPTIONS = frozenset({"timeout_s", "env", "info", *STRATEGY_NAMES})
@@ -300,11 +302,15 @@ def parse_info(doc: Mapping[str, Any]) -> JobInfo:
     extra = doc.get("extra") or {}
     if not isinstance(extra, dict):
         raise AdapterError(f"info: extra must be an object, got {extra!r}")
-    known = {"layout", "placement", "nodes", "spare_nodes", "microbatches", "extra"}
+    costs = strategy_costs(doc.get("costs") or {})
+    if costs is None:
+        raise AdapterError(f"info: costs must map strategies ({', '.join(STRATEGY_NAMES)}) to seconds >= 0, "
+                           f"got {doc.get('costs')!r}")
+    known = {"layout", "placement", "nodes", "spare_nodes", "microbatches", "costs", "extra"}
     extra = {**{k: v for k, v in doc.items() if k not in known}, **extra}
     return JobInfo(layout=layout, placement=int_list("placement"), nodes=str_list("nodes"),
                    spare_nodes=str_list("spare_nodes") if "spare_nodes" in doc else None,
-                   microbatches=int_list("microbatches"), extra=extra)
+                   microbatches=int_list("microbatches"), costs=costs, extra=extra)
 
 
 def _str_map(value: Any, where: str) -> dict[str, str]:

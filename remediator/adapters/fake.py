@@ -28,6 +28,7 @@ from remediator.adapters.base import (
     JobInfo,
     option,
     render,
+    strategy_costs,
 )
 
 
@@ -54,11 +55,10 @@ class Adapter:
         self.spare_nodes = None if spares is None else [str(x) for x in spares]
         self.fail = set(option(options, "fail", list, []))
         self.delay_s = float(option(options, "delay_s", (int, float), 0.0))
-        costs = option(options, "expected_costs", dict, {})
-        if set(costs) - set(STRATEGY_NAMES) or not all(
-                isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in costs.values()):
+        costs = strategy_costs(option(options, "expected_costs", dict, {}))
+        if costs is None:
             raise ConfigError("fake adapter: expected_costs maps strategies to seconds >= 0")
-        self.expected_costs = {str(k): float(v) for k, v in costs.items()}
+        self.expected_costs = costs
         rec = option(options, "record", str, "")
         self.record = Path(render(rec, job, labels)) if rec else None
         self.executed: list[ActionRequest] = []

@@ -151,12 +151,13 @@ def test_a_strategy_not_configured_is_not_attempted(tmp_path: Path) -> None:
 
 def test_info_from_a_command(tmp_path: Path) -> None:
     doc = {"layout": {"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 2}, "placement": [0, 0, 1, 1],
-           "nodes": ["n0", "n1"], "spare_nodes": ["n9"], "microbatches": [4, 4], "pod": "pt-7-0"}
+           "nodes": ["n0", "n1"], "spare_nodes": ["n9"], "microbatches": [4, 4], "pod": "pt-7-0",
+           "costs": {"restart": 300, "rebalance": 1.5}}
     target = script(tmp_path, "describe", f"assert sys.argv[1:] == ['pt-7', 'ml']\nprint({json.dumps(doc)!r})\n")
     info = Adapter(JOB, LABELS, {"info": {"command": [target, "{job}", "{namespace}"]}}).info()
     assert info.layout == {"dp": 2, "pp": 2, "tp": 1, "ranks_per_node": 2} and info.placement == [0, 0, 1, 1]
     assert info.nodes == ["n0", "n1"] and info.spare_nodes == ["n9"] and info.microbatches == [4, 4]
-    assert info.extra == {"pod": "pt-7-0"}
+    assert info.extra == {"pod": "pt-7-0"} and info.costs == {"restart": 300.0, "rebalance": 1.5}
 
 
 def test_info_errors_and_absence(tmp_path: Path) -> None:
@@ -434,3 +435,8 @@ def test_as_text_and_outcomes() -> None:
     assert info.extra == {"a": 1, "b": 2} and info.placement is None
     with pytest.raises(AdapterError, match="layout"):
         parse_info({"layout": {"dp": "2"}})
+    assert parse_info({}).costs == {} and parse_info({"costs": {"validate": 0}}).costs == {"validate": 0.0}
+    for bad in ({"reboot": 5}, {"restart": -1}, {"restart": "5"}, {"restart": True}, {"restart": float("nan")},
+                {"restart": float("inf")}, [300]):
+        with pytest.raises(AdapterError, match="costs must map strategies"):
+            parse_info({"costs": bad})
