@@ -65,10 +65,11 @@ Answers:
 ``info`` answers a JSON object with any of ``layout`` (``{"dp", "pp", "tp", "ranks_per_node"}``),
 ``placement`` (node index per rank), ``nodes``, ``spare_nodes``, ``microbatches``, ``costs`` (strategy ->
 seconds: what the launcher expects each action to cost the job, e.g. its last restart's pause; the planner
-uses it until it measured the strategy itself) and ``extra``; other keys go to ``extra``. Without ``info`` every field is unknown. A strategy's ``recover`` call is asked about one
-action id after a remediator crash and answers its outcome as above (exit 0 / 2xx, ``ok`` default true);
-exit 3 or HTTP 404 means "never heard of it" (the outcome is unknown: :meth:`Adapter.recover` returns None).
-It is never a retry: the adapter does not run the action again.
+uses it until it measured the strategy itself) and ``extra``; other keys go to ``extra``. Without ``info``
+every field is unknown. A strategy's ``recover`` call is asked about one action id after a remediator crash
+and answers its outcome as above (exit 0 / 2xx, ``ok`` default true); exit 3 or HTTP 404 means "never heard
+of it" (the outcome is unknown: :meth:`Adapter.recover` returns None). It is never a retry: the adapter does
+not run the action again.
 """
 
 from __future__ import annotations

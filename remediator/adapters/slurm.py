@@ -242,8 +242,8 @@ class Adapter:
         return frozenset({"restart"})
 
     def info(self) -> JobInfo:
-        """The job's nodes (as the job's series name them), its Slurm id, state and partition, and the expected
-        cost of a restart (see the module docstring) once the job has run.
+        """The job's nodes (as the job's series name them), its Slurm id, state and partition, and the
+        expected cost of a restart (see the module docstring) once the job has run.
 
         Raises:
             AdapterError: the job cannot be found or Slurm does not answer.
@@ -258,7 +258,8 @@ class Adapter:
         if job.state == "RUNNING" and job.start_time is not None and job.eligible_time is not None:
             costs["restart"] = self._requeue_hold() + max(0.0, job.start_time - job.eligible_time)
         return JobInfo(layout=layout, placement=placement, nodes=[self._reverse.get(n, n) for n in slurm_nodes],
-                       costs=costs, extra={"slurm_job_id": job.job_id, "state": job.state, "partition": job.partition,
+                       costs=costs,
+                       extra={"slurm_job_id": job.job_id, "state": job.state, "partition": job.partition,
                               "restarts": job.restarts, "slurm_nodes": slurm_nodes,
                               "excluded_nodes": self._hostnames(job.exc_node_list)})
 

@@ -307,7 +307,8 @@ def test_an_unreachable_controller_is_a_transient_error() -> None:
 
 SHOW_JOB = ("JobId=42 JobName=llm pretrain UserId=root(0) GroupId=root(0) MCS_label=N/A JobState=PENDING "
             "Reason=BeginTime Dependency=(null) Requeue=1 Restarts=1 BatchFlag=1 Reboot=0 ExitCode=0:0 "
-            "SubmitTime=2026-11-25T10:57:51 EligibleTime=2026-11-25T10:59:52 StartTime=2026-11-25T10:59:52 EndTime=Unknown Partition=main AllocNode:Sid=localhost:5952 "
+            "SubmitTime=2026-11-25T10:57:51 EligibleTime=2026-11-25T10:59:52 StartTime=2026-11-25T10:59:52 "
+            "EndTime=Unknown Partition=main AllocNode:Sid=localhost:5952 "
             "ReqNodeList=(null) ExcNodeList=n2 NodeList= NumNodes=2 NumCPUs=2 ReqB:S:C:T=0:0:*:* "
             "Socks/Node=* AdminComment=failslow:act-1:restarts=0 Power=")
 
