@@ -10,9 +10,11 @@ Before the remediator has measured a restart, :meth:`Adapter.info` gives the pla
 of one (``JobInfo.costs["restart"]``): the requeue hold (Slurm keeps a requeued batch job from starting for
 ``cred_expire`` + 1 seconds, ``AuthInfo`` in ``scontrol show config``, 120 s by default) plus the wait this
 job had for nodes once it was eligible, its current run's ``StartTime - EligibleTime``. On a job that was
-requeued before, that sum is exactly its last requeue-to-start pause (Slurm resets ``SubmitTime`` at a
-requeue and sets ``EligibleTime`` a hold later). It leaves out the job's own start-up (loading the
-checkpoint), which Slurm does not see: a lower bound, which the first measured restart replaces.
+requeued before, that sum is its last requeue's pause from the moment the job was back in the queue (Slurm
+sets ``SubmitTime`` then and ``EligibleTime`` a hold later). It leaves out the time Slurm takes to stop the
+running job first (the batch script killed, the job COMPLETING: 0-3.4 s in the test cluster) and the job's
+own start-up (loading the checkpoint), neither of which the job's record keeps: a lower bound, which the
+first measured restart replaces.
 
 Options (``Adapter(job, labels, options)``):
 
