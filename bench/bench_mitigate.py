@@ -6,7 +6,8 @@ detector, Alertmanager and the remediator in auto mode with the testbed adapter.
 training CPU quota faults slow one or more ranks; the detector opens an event, the remediator plans (pace
 model, exact S2 solver, ski-rental gate) and acts. Each row ends 50 s after the first action finished.
 Each Fig. 13 case runs `REPEATS` times (the cases in turns) and its row shows the median run beside every
-run's reduction: on this shared host the same case has varied by up to 17 points between runs.
+run's reduction: on this shared host the same case varies between runs, by tens of points for the weak
+faults, whose slowdown is close to the host's own drift.
 
 * Fig. 13 — one slow rank (so one slow DP replica), weak / medium / severe: quota 0.3 / 0.2 / 0.12 CPU on
   a device of 0.4 (1.3x / 2x / 3.3x slower compute), on DP2xPP2 and DP4xPP1 (4 ranks each: the most this
