@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from failslow.errors import InputError
-from failslow.plan.pace import PaceModel, RankCompute, fit, overhead
+from failslow.plan.pace import PaceModel, RankCompute, fit, healthy_stages, overhead
 from failslow.plan.placement import PlacementParams, plan_topology, suspect_slowness
 from failslow.plan.policy import (
     IN_FLIGHT,
@@ -492,16 +492,20 @@ class Remediator:
             upd["adapter"] = adapter.kind
         if info is not None and info.microbatches and not ev.get("microbatches_at_onset"):
             upd["microbatches_at_onset"] = list(info.microbatches)
-        f0 = ev.get("overhead_s")
+        f0, floor = ev.get("overhead_s"), ev.get("healthy_stage_s")
         if f0 is None and healthy is not None and obs is not None:
-            f0 = await self._healthy_overhead(job, onset, healthy,
-                                              ev.get("microbatches_at_onset") or upd.get("microbatches_at_onset"))
-            if f0 is not None:
-                upd["overhead_s"] = f0
+            calibrated = await self._healthy_calibration(
+                job, onset, healthy, ev.get("microbatches_at_onset") or upd.get("microbatches_at_onset"))
+            if calibrated is not None:
+                f0, floor = calibrated
+                upd["overhead_s"], upd["healthy_stage_s"] = f0, list(floor)
         model: PaceModel | None = None
         if pace is not None and info is not None and info.microbatches and obs is not None and obs.ranks:
-            try:
-                model = fit(obs.computes, info.microbatches, pace, f0, impute=True)
+            ranks = obs.computes
+            stages = 1 + max(r.pp for r in ranks)
+            try:  # a floor measured with another pipeline depth does not apply
+                model = fit(ranks, info.microbatches, pace, f0, impute=True,
+                            floor=floor if floor and len(floor) == stages else None)
             except InputError as exc:
                 log.info("job %s: no pace model: %s", job, exc)
         memory = await self.store.job_memory(job)
@@ -527,14 +531,16 @@ class Remediator:
                 known_paths=memory.get("slow_paths") or (), healthy_counts=view.default_microbatches))
         return view, upd, await self._costs(adapter, info), actions, adapter
 
-    async def _healthy_overhead(self, job: str, onset: float, healthy: float,
-                                microbatches: list[int] | None) -> float | None:
-        """The pace model's fixed part ``F`` measured on the healthy job just before the onset (None: no data)."""
+    async def _healthy_calibration(self, job: str, onset: float, healthy: float,
+                                   microbatches: list[int] | None) -> tuple[float, tuple[float, ...]] | None:
+        """The pace model's fixed part ``F`` and each stage's time per micro-batch (the floor of its cells),
+        measured on the healthy job just before the onset (None: no data)."""
         if not microbatches:
             return None
         try:
-            ranks = await asyncio.to_thread(self.prom.ranks, job, onset - 5.0)
-            return overhead([RankCompute(r.rank, r.dp, r.pp, r.compute_s) for r in ranks], microbatches, healthy)
+            samples = await asyncio.to_thread(self.prom.ranks, job, onset - 5.0)
+            ranks = [RankCompute(r.rank, r.dp, r.pp, r.compute_s) for r in samples]
+            return overhead(ranks, microbatches, healthy), healthy_stages(ranks, microbatches)
         except (PromUnavailable, InputError) as exc:
             log.info("job %s: no healthy calibration: %s", job, exc)
             return None

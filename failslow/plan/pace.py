@@ -13,6 +13,11 @@ running 1F1B (or GPipe) pipelines:
 * every replica waits for the slowest at the gradient all-reduce, so the iteration takes
   ``T = F + max_d (m_d * t_d + o_d)`` where ``F`` (all-reduce, optimizer, host work) is what the measured
   iteration time ``T`` leaves over. ``F`` is calibrated now and held constant across an action.
+* a replica that waits for a straggler reads faster per micro-batch than it runs once an action keeps it busy
+  (on the testbed's CPU-quota devices a process that idles between bursts starts each burst with the
+  period's quota unspent, and the host's other work has the idle time). So each cell can be floored at its
+  stage's time on the healthy job (:func:`healthy_stages`): the ranks the fault left alone are priced at
+  their healthy speed, not faster.
 
 A micro-batch split changes only the ``m_d``; the exact split that minimises the slowest replica is
 :func:`failslow.plan.microbatch.rebalance` on ``(t_d, o_d)``. The model is deliberately the one the S2
@@ -101,7 +106,8 @@ def _counts(counts: Sequence[int], dp: int) -> FloatArray:
 
 
 def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: float,
-        overhead_s: float | None = None, *, impute: bool = False) -> PaceModel:
+        overhead_s: float | None = None, *, impute: bool = False,
+        floor: Sequence[float] | None = None) -> PaceModel:
     """Calibrate the model on one job's measured ranks.
 
     Args:
@@ -115,6 +121,8 @@ def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: 
             negative) and every other split is predicted too fast.
         impute: Take a replica/stage cell without a usable reading (missing, zero, not finite) as the same stage
             of the other replicas; without, such a cell is an error.
+        floor: Seconds per micro-batch of each stage that no cell is taken below, typically the healthy job's
+            (:func:`healthy_stages`): replicas that wait for a straggler read fast (see the module docstring).
 
     Raises:
         InputError: no ranks, a replica or stage with no rank (no other replica to take it from, with
@@ -149,6 +157,11 @@ def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: 
     if np.isnan(per_mb).any():
         d, s = np.argwhere(np.isnan(per_mb))[0]
         raise InputError(f"no compute time for replica {d}, stage {s}")
+    if floor is not None:
+        low = np.asarray(list(floor), dtype=np.float64)
+        if low.shape != (pp,) or not np.all(np.isfinite(low)) or not np.all(low >= 0):
+            raise InputError(f"need {pp} per-stage floors >= 0, got {list(floor)}")
+        per_mb = np.maximum(per_mb, low[None, :])
     slowest = float((m * per_mb.max(axis=1) + per_mb.sum(axis=1) - per_mb.max(axis=1)).max())
     if overhead_s is not None and not (overhead_s >= 0 and math.isfinite(overhead_s)):
         raise InputError(f"overhead must be >= 0 and finite, got {overhead_s}")
@@ -164,3 +177,14 @@ def overhead(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int], 
         InputError: as :func:`fit`.
     """
     return max(0.0, fit(healthy_ranks, microbatches, healthy_s).overhead_s)
+
+
+def healthy_stages(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int]) -> tuple[float, ...]:
+    """Seconds per micro-batch of each pipeline stage on the healthy job (the median over its replicas): the
+    floor :func:`fit` keeps a cell at while a straggler makes the other replicas wait.
+
+    Raises:
+        InputError: as :func:`fit`.
+    """
+    per_mb = fit(healthy_ranks, microbatches, 1.0).per_mb
+    return tuple(float(x) for x in np.median(per_mb, axis=0))

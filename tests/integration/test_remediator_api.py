@@ -382,3 +382,29 @@ def test_the_planner_rebalances_a_slow_replica_from_real_prometheus_data(tmp_pat
             metrics = c.get("/metrics").text
             assert 'failslow_remediator_actions_total{result="succeeded",strategy="rebalance"} 2.0' in metrics
             assert 'failslow_remediator_decision_latency_seconds_count{strategy="rebalance"} 2.0' in metrics
+
+
+def test_replicas_left_waiting_by_the_straggler_are_priced_at_their_healthy_speed(tmp_path: Path) -> None:
+    # healthy: both replicas 0.10 s per micro-batch (8 each, F 0.05 s); the fault: replica 1 2x slower and
+    # replica 0, waiting for it, reading 10% faster than healthy (as the testbed's quota devices and a shared
+    # host do). The split is priced with replica 0 at 0.10 s, the healthy stage time read from Prometheus just
+    # before the onset: [11, 5] takes 0.05 + 11 * 0.10 s, not 0.05 + 5 * 0.20 s as the waiting replica suggests.
+    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
+            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
+        cluster.set("llm1", JobSeries({(0, 0): 0.10, (1, 0): 0.10}, [8, 8], healthy_s=0.85))
+        wait_for_series(prom_url, "llm1")
+        time.sleep(8.0)  # a healthy stretch longer than the 5 s before the onset the calibration reads
+        onset = time.time()
+        cluster.set("llm1", JobSeries({(0, 0): 0.09, (1, 0): 0.20}, [8, 8], onset_ts=onset, healthy_s=0.85))
+        time.sleep(3.0)  # the fault scraped
+        env = Env(tmp_path, r.url, prom_url)
+        cfg = {"jobs": [{"match": "llm.*", "adapter": "fake",
+                         "options": {"record": str(env.record), "microbatches": [8, 8]}}]}
+        with env.app(mode="auto", config=cfg) as c:
+            c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
+            act = wait_for(lambda: [a for a in c.get("/actions", headers=AUTH).json()
+                                    if a["job"] == "llm1" and a["state"] == "succeeded"], 30, "the rebalance",
+                           every=0.1)[0]
+        assert act["strategy"] == "rebalance" and act["params"]["counts"] == [11, 5]
+        assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 11 * 0.10)
+        assert act["predicted"]["pace_before_s"] == pytest.approx(0.05 + 8 * 0.20)

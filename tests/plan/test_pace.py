@@ -7,7 +7,7 @@ import pytest
 
 from failslow.errors import InputError
 from failslow.plan.microbatch import rebalance
-from failslow.plan.pace import RankCompute, fit
+from failslow.plan.pace import RankCompute, fit, healthy_stages, overhead
 
 
 def _ranks(per_mb: np.ndarray, counts: list[int], tp: int = 1) -> list[RankCompute]:
@@ -66,6 +66,34 @@ def test_a_cell_without_a_reading_is_taken_from_its_stage_in_the_other_replicas(
     assert np.allclose(np.delete(m.per_mb.ravel(), 3), np.delete(per_mb.ravel(), 3))
     with pytest.raises(InputError, match="no compute time for replica 0, stage 1"):
         fit([RankCompute(0, 0, 0, 0.4), RankCompute(1, 0, 1, float("nan"))], [4], 1.0, impute=True)
+
+
+def test_replicas_that_read_fast_while_waiting_are_priced_at_their_healthy_speed() -> None:
+    # healthy: stage 0 takes 0.10 s per micro-batch, stage 1 0.12 s, in both replicas; F = 0.05 s
+    healthy_mb = np.array([[0.10, 0.12], [0.10, 0.12]])
+    counts = [8, 8]
+    T0 = 0.05 + 7 * 0.12 + 0.22
+    floor = healthy_stages(_ranks(healthy_mb, counts), counts)
+    assert floor == pytest.approx((0.10, 0.12))
+    f0 = overhead(_ranks(healthy_mb, counts), counts, T0)
+    assert f0 == pytest.approx(0.05)
+    # the fault: replica 1's stage 1 runs 2x slower; replica 0, waiting for it, reads 10% faster than healthy
+    fault_mb = np.array([[0.09, 0.108], [0.10, 0.24]])
+    T = 0.05 + 7 * 0.24 + 0.34
+    raw = fit(_ranks(fault_mb, counts), counts, T, f0)
+    held = fit(_ranks(fault_mb, counts), counts, T, f0, floor=floor)
+    assert np.allclose(held.per_mb, [[0.10, 0.12], [0.10, 0.24]])
+    assert held.predict(counts) == raw.predict(counts) == pytest.approx(T)  # the straggler paces both
+    # the split the solver picks is priced with replica 0 busy at its healthy speed
+    best = rebalance(held.times, 16, offsets=held.offsets).counts
+    assert list(best) == [11, 5]
+    assert held.predict(best) == pytest.approx(0.05 + 10 * 0.12 + 0.22)
+    # without the floor replica 0 would take 10 * 0.108 + 0.198 s and the straggler would pace the split: 8% too fast
+    assert raw.predict(best) == pytest.approx(0.05 + 4 * 0.24 + 0.34)
+    # a floor of another pipeline depth, or not finite, is refused
+    for bad in ((0.1,), (0.1, float("nan")), (0.1, -1.0)):
+        with pytest.raises(InputError, match="per-stage floors"):
+            fit(_ranks(fault_mb, counts), counts, T, f0, floor=bad)
 
 
 @pytest.mark.parametrize("ranks, counts, T, words", [
