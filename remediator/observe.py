@@ -7,7 +7,8 @@ Queries (``J`` = the job label):
   (``max(failslow_last_iteration_timestamp_seconds{job=J})``) says whether it is current (a job paused
   for a restart, or gone, has no current pace);
 * ranks: ``failslow_iteration_compute_seconds{job=J}`` with its ``rank``/``dp_rank``/``pp_rank``/``node``
-  labels (the pace model's input);
+  labels (the pace model's input), or its ``avg_over_time`` over a window the service chooses (from a clean
+  reading after the onset or the last action to now);
 * onset: ``max(failslow_detector_onset_timestamp_seconds{job=J})`` and the healthy level the detector
   measures the slowdown against, ``max(failslow_detector_baseline_seconds{job=J})``;
 * healthy pace: ``quantile(0.5, quantile_over_time(0.5, failslow_iteration_duration_seconds{job=J}[2m]))``
@@ -127,10 +128,14 @@ class Prometheus:
         obs.detector_baseline_s = self.scalar(f"max(failslow_detector_baseline_seconds{{{sel}}})")
         return obs
 
-    def ranks(self, job: str, at: float | None = None) -> list[RankSample]:
-        """Every rank's compute time per iteration now (or at Unix time `at`), with its coordinates."""
+    def ranks(self, job: str, at: float | None = None, window_s: float | None = None) -> list[RankSample]:
+        """Every rank's compute time per iteration now (or at Unix time `at`), with its coordinates; with
+        `window_s`, each rank's mean reading over that many seconds (whole seconds, at least 1) before."""
+        expr = f'failslow_iteration_compute_seconds{{job="{_esc(job)}"}}'
+        if window_s is not None:
+            expr = f"avg_over_time({expr}[{max(1, int(window_s))}s])"
         out = []
-        for labels, value in self.query(f'failslow_iteration_compute_seconds{{job="{_esc(job)}"}}', at):
+        for labels, value in self.query(expr, at):
             try:
                 out.append(RankSample(int(labels["rank"]), int(labels.get("dp_rank", "0")),
                                       int(labels.get("pp_rank", "0")), int(labels.get("tp_rank", "0")),

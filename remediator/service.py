@@ -120,6 +120,23 @@ def healthy_window(onset: float, last_closed: dict[str, Any] | None) -> tuple[fl
     return end, end - start
 
 
+def compute_window(since: float, pace_s: float, now: float, lag_iterations: int, longest_s: float) -> float | None:
+    """Seconds to average each rank's compute reading over now, or None for the newest reading alone.
+
+    A reading is the mean over the exporter's last `lag_iterations` iterations, so it is clean of what came
+    before `since` (the onset, or the end of the event's last action: another split, a pause) only that many
+    iterations of `pace_s` later. From then to `now`, at most `longest_s`, the mean of the readings holds
+    fewer of the swings of tens of seconds a single window follows: on the testbed, three replicas behind
+    the same CPU quota read 0.901, 0.947 and 0.950 s at one decision and 0.967, 0.982 and 1.002 s averaged
+    over the 25 s before it. A split priced on such a swing gives the replica that happened to read fast
+    micro-batches it cannot take.
+    """
+    if longest_s <= 0 or not (pace_s > 0 and math.isfinite(pace_s)):
+        return None
+    span = min(longest_s, now - (since + lag_iterations * pace_s))
+    return span if span >= 1.0 else None
+
+
 def healthy_estimate(before: float | None, detector_baseline: float | None) -> float | None:
     """A new event's healthy pace: the pace measured `before` its onset (or the previous event's), and the
     healthy level the detector measures the slowdown against; the lower of the two that are known.
@@ -492,6 +509,17 @@ class Remediator:
             upd["adapter"] = adapter.kind
         if info is not None and info.microbatches and not ev.get("microbatches_at_onset"):
             upd["microbatches_at_onset"] = list(info.microbatches)
+        actions = await self.store.get_actions(ev.get("actions") or [])
+        ended = [float(a["ended_at"]) for a in actions if a.get("ended_at") and not a.get("dry_run")]
+        window = None if pace is None else compute_window(max([onset, *ended]), pace, now,
+                                                          self.settings.exporter_window_iterations,
+                                                          self.settings.compute_average_s)
+        if window is not None and obs is not None and obs.ranks:
+            with contextlib.suppress(PromUnavailable):
+                averaged = await asyncio.to_thread(self.prom.ranks, job, None, window)
+                if averaged:
+                    obs = replace(obs, ranks=averaged)
+        upd["compute_window_s"] = window
         f0, floor = ev.get("overhead_s"), ev.get("healthy_stage_s")
         if f0 is None and healthy is not None and obs is not None:
             calibrated = await self._healthy_calibration(
@@ -510,7 +538,6 @@ class Remediator:
                 log.info("job %s: no pace model: %s", job, exc)
         memory = await self.store.job_memory(job)
         inef = frozenset(s for s, until in (memory.get("ineffective") or {}).items() if until > now)
-        actions = await self.store.get_actions(ev.get("actions") or [])
         view = JobView(
             now=now, pace_s=pace, healthy_s=healthy, model=model,
             microbatches=tuple(info.microbatches) if info is not None and info.microbatches else None,
@@ -596,7 +623,8 @@ class Remediator:
                                 "reason": decision.reason, "at": now,
                                 "chosen": None if decision.chosen is None else decision.chosen.to_json()}
         if decision.strategy != "ignore" and adapter is not None:
-            await self._act(ev, decision, adapter, view, requested_by="planner", dry_run=not self.auto)
+            await self._act(ev, decision, adapter, view, requested_by="planner", dry_run=not self.auto,
+                            compute_window_s=upd.get("compute_window_s"))
             upd["level"] = max(int(ev.get("level") or 1), LEVEL[decision.strategy])
         await self.store.mutate_event(ev["id"], lambda d: {**d, **upd, "level": max(int(d.get("level") or 1),
                                                                                        int(upd.get("level", 1)))})
@@ -622,7 +650,9 @@ class Remediator:
     # ------------------------------------------------------------------ actions
     async def _act(self, ev: dict[str, Any], decision: Decision, adapter: TrainingAdapter, view: JobView, *,
                    requested_by: str, dry_run: bool, reason: str = "", approve: bool = False,
-                   action_id: str | None = None) -> tuple[dict[str, Any], bool]:
+                   action_id: str | None = None, compute_window_s: float | None = None) -> tuple[dict[str, Any], bool]:
+        """Record and (unless a dry run or awaiting approval) execute `decision`; `compute_window_s`: the
+        stretch the pace model's compute readings were averaged over (None: the newest readings)."""
         chosen = decision.chosen
         assert chosen is not None
         now = self.clock()
@@ -632,7 +662,8 @@ class Remediator:
             "requested_by": requested_by, "reason": reason or decision.reason, "params": chosen.params,
             "adapter": adapter.kind, "labels": ev.get("labels") or {},
             "predicted": {"pace_s": chosen.predicted_s, "saving_s": chosen.saving_s, "cost_s": chosen.cost_s,
-                          "pace_before_s": view.pace_s, "healthy_s": view.healthy_s},
+                          "pace_before_s": view.pace_s, "healthy_s": view.healthy_s,
+                          "compute_window_s": compute_window_s},
             "measured": {}, "outcome": None, "needs_approval": decision.needs_approval and not approve,
             "decision": decision.to_json(), "first_delivery_at": ev.get("first_delivery_at"),
         }
@@ -916,6 +947,7 @@ class Remediator:
         if suspects != ev_view.suspects:
             ev_view = replace(ev_view, suspects=suspects)
         action, created = await self._act(ev, decision, adapter, view, requested_by="manual", dry_run=dry,
+                                          compute_window_s=upd.get("compute_window_s"),
                                           reason=req.reason or f"manual: {decision.reason}", approve=req.approve,
                                           action_id=action_id)
         if not created:

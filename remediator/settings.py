@@ -32,6 +32,13 @@ class Settings(BaseSettings):
         max_body_bytes: Larger request bodies are refused with 413.
         stale_after_s: A job whose newest iteration is older than this has no current pace.
         audit_max_entries: The audit stream is trimmed to about this many newest entries (0: never trimmed).
+        exporter_window_iterations: Iterations the exporters average each rank's compute over (their
+            ``window`` setting): a reading is clean of the time before a change (the onset, an action) only
+            this many iterations after it.
+        compute_average_s: Longest stretch the pace model's per-rank compute is averaged over (0: the newest
+            reading only). A reading over the exporter's window alone follows swings of tens of seconds that
+            an action does not keep (on the testbed, a CPU quota's period beating with the iteration); the
+            average runs from a clean reading after the onset or the event's last action to now.
         replica: Name of this replica in locks and the audit (default: host and PID).
     """
 
@@ -55,4 +62,6 @@ class Settings(BaseSettings):
     max_body_bytes: int = Field(1 << 20, ge=1024)
     stale_after_s: float = Field(60.0, gt=0)
     audit_max_entries: int = Field(1_000_000, ge=0)
+    exporter_window_iterations: int = Field(20, ge=0)
+    compute_average_s: float = Field(120.0, ge=0)
     replica: str | None = None

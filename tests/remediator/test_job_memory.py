@@ -1,10 +1,17 @@
-"""What the remediator remembers of a job between events: where the healthy pace is measured, slow paths."""
+"""What the remediator remembers of a job between events: where the healthy pace is measured, slow paths; and
+which stretch of an event its ranks' compute is averaged over."""
 
 from __future__ import annotations
 
 import pytest
 
-from remediator.service import HEALTHY_LEAST_S, HEALTHY_SETTLE_S, HEALTHY_WINDOW_S, healthy_window
+from remediator.service import (
+    HEALTHY_LEAST_S,
+    HEALTHY_SETTLE_S,
+    HEALTHY_WINDOW_S,
+    compute_window,
+    healthy_window,
+)
 
 
 def test_a_first_event_takes_the_full_window_just_before_its_onset() -> None:
@@ -62,3 +69,17 @@ def test_the_healthy_pace_is_the_lower_of_the_window_and_the_detectors_baseline(
     assert healthy_estimate(None, 0.35) == 0.35 and healthy_estimate(0.35, None) == 0.35
     assert healthy_estimate(None, None) is None and healthy_estimate(None, 0.0) is None
     assert healthy_estimate(float("nan"), 0.35) == 0.35 and healthy_estimate(0.35, float("inf")) == 0.35
+
+
+def test_compute_is_averaged_from_a_clean_reading_after_the_change_to_now() -> None:
+    # onset at 1000 s, 1 s iterations, the exporter's window 20 iterations: clean from 1020 s
+    assert compute_window(1000.0, 1.0, 1050.0, 20, 120.0) == pytest.approx(30.0)
+    assert compute_window(1000.0, 2.0, 1050.0, 20, 120.0) == pytest.approx(10.0)  # slower job: later
+    assert compute_window(1000.0, 1.0, 1500.0, 20, 120.0) == pytest.approx(120.0)  # at most the longest
+
+
+def test_no_clean_stretch_yet_leaves_the_newest_reading() -> None:
+    assert compute_window(1000.0, 1.0, 1015.0, 20, 120.0) is None  # the window still holds the change
+    assert compute_window(1000.0, 1.0, 1020.5, 20, 120.0) is None  # under a second: one scrape at most
+    assert compute_window(1000.0, 1.0, 1050.0, 20, 0.0) is None  # averaging switched off
+    assert compute_window(1000.0, float("nan"), 1050.0, 20, 120.0) is None
