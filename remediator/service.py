@@ -523,7 +523,7 @@ class Remediator:
         f0, floor = ev.get("overhead_s"), ev.get("healthy_stage_s")
         if f0 is None and healthy is not None and obs is not None:
             calibrated = await self._healthy_calibration(
-                job, onset, healthy, ev.get("microbatches_at_onset") or upd.get("microbatches_at_onset"))
+                job, ev["id"], onset, healthy, ev.get("microbatches_at_onset") or upd.get("microbatches_at_onset"))
             if calibrated is not None:
                 f0, floor = calibrated
                 upd["overhead_s"], upd["healthy_stage_s"] = f0, list(floor)
@@ -558,16 +558,25 @@ class Remediator:
                 known_paths=memory.get("slow_paths") or (), healthy_counts=view.default_microbatches))
         return view, upd, await self._costs(adapter, info), actions, adapter
 
-    async def _healthy_calibration(self, job: str, onset: float, healthy: float,
+    async def _healthy_calibration(self, job: str, event_id: str, onset: float, healthy: float,
                                    microbatches: list[int] | None) -> tuple[float, tuple[float, ...]] | None:
         """The pace model's fixed part ``F`` and each stage's time per micro-batch (the floor of its cells),
-        measured on the healthy job just before the onset (None: no data)."""
+        measured on the healthy job before the onset: each rank's readings and the pace over the window the
+        healthy pace is measured in (:func:`healthy_window`; a single reading is the exporter's mean over its last
+        iterations and swings), else the readings 5 s before the onset and `healthy` (None: no data)."""
         if not microbatches:
             return None
+        last = (await self.store.job_memory(job)).get("last_closed")
+        window = healthy_window(onset, None if last is not None and last.get("event") == event_id else last)
         try:
-            samples = await asyncio.to_thread(self.prom.ranks, job, onset - 5.0)
+            samples, pace = [], None
+            if window is not None:
+                samples = await asyncio.to_thread(self.prom.ranks, job, window[0], window[1])
+                pace = await asyncio.to_thread(self.prom.healthy_pace, job, *window)
+            if not samples or pace is None:
+                samples, pace = await asyncio.to_thread(self.prom.ranks, job, onset - 5.0), healthy
             ranks = [RankCompute(r.rank, r.dp, r.pp, r.compute_s) for r in samples]
-            return overhead(ranks, microbatches, healthy), healthy_stages(ranks, microbatches)
+            return overhead(ranks, microbatches, pace), healthy_stages(ranks, microbatches)
         except (PromUnavailable, InputError) as exc:
             log.info("job %s: no healthy calibration: %s", job, exc)
             return None

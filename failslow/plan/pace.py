@@ -170,13 +170,20 @@ def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: 
 
 
 def overhead(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int], healthy_s: float) -> float:
-    """``F`` of the healthy job (before the onset): its iteration time less its slowest replica's pipeline,
+    """``F`` of the healthy job (before the onset): its iteration time less its median replica's pipeline,
     at least 0.
+
+    The replicas of a healthy job run alike, so the median stands for all of them and is not lifted by one
+    whose reading already holds the fault's first iterations (a reading is a mean over the exporter's window,
+    and the detector's onset can trail the fault by seconds; ``F`` too small prices every split too fast).
+    What the iteration loses waiting for whichever replica is slowest in
+    each iteration stays in ``F``, where a balanced split meets it again.
 
     Raises:
         InputError: as :func:`fit`.
     """
-    return max(0.0, fit(healthy_ranks, microbatches, healthy_s).overhead_s)
+    model = fit(healthy_ranks, microbatches, healthy_s)
+    return max(0.0, healthy_s - float(np.median(model.replica_s(model.microbatches))))
 
 
 def healthy_stages(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int]) -> tuple[float, ...]:

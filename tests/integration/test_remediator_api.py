@@ -410,6 +410,35 @@ def test_replicas_left_waiting_by_the_straggler_are_priced_at_their_healthy_spee
         assert act["predicted"]["pace_before_s"] == pytest.approx(0.05 + 8 * 0.20)
 
 
+def test_the_overhead_is_calibrated_on_the_healthy_replicas_when_the_onset_trails_the_fault(tmp_path: Path) -> None:
+    # healthy: three replicas at 0.10 s per micro-batch, F 0.05 s; replica 1 turns 2x slower 6 s before the
+    # onset the detector reports, so the readings 5 s before the onset already hold it. F from the slowest
+    # replica there would be 0 (0.85 - 1.60 s) and every split priced 0.05 s too fast; the median replica
+    # leaves F at 0.05 s: the best split takes 0.05 + 1.00 s (10 * 0.10 s against 5 * 0.20 s, or 4 * 0.20 s).
+    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
+            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
+        even = [8, 8, 8]
+        cluster.set("llm1", JobSeries({(0, 0): 0.10, (1, 0): 0.10, (2, 0): 0.10}, even, healthy_s=0.85))
+        wait_for_series(prom_url, "llm1")
+        time.sleep(10.0)
+        fault = time.time()
+        cluster.set("llm1", JobSeries({(0, 0): 0.10, (1, 0): 0.20, (2, 0): 0.10}, even, onset_ts=fault + 6.0,
+                                      healthy_s=0.85))
+        time.sleep(9.0)
+        env = Env(tmp_path, r.url, prom_url)
+        cfg = {"jobs": [{"match": "llm.*", "adapter": "fake",
+                         "options": {"record": str(env.record), "microbatches": even}}]}
+        with env.app(mode="auto", config=cfg, exporter_window_iterations=0) as c:
+            c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
+            act = wait_for(lambda: [a for a in c.get("/actions", headers=AUTH).json()
+                                    if a["job"] == "llm1" and a["state"] == "succeeded"], 30, "the rebalance",
+                           every=0.1)[0]
+            ev = c.get(f"/events/{act['event_id']}", headers=AUTH).json()
+        assert act["strategy"] == "rebalance" and sum(act["params"]["counts"]) == 24
+        assert ev["overhead_s"] == pytest.approx(0.05)
+        assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 1.00)
+
+
 def test_a_momentary_dip_in_one_straggler_reading_does_not_set_the_split(tmp_path: Path) -> None:
     # healthy: three replicas at 0.10 s per micro-batch; the fault: replicas 0 and 1 at 0.20 s for 15 s, then
     # replica 0's newest readings dip to 0.14 s just before the alert (a swing the next iterations do not keep;

@@ -96,6 +96,16 @@ def test_replicas_that_read_fast_while_waiting_are_priced_at_their_healthy_speed
             fit(_ranks(fault_mb, counts), counts, T, f0, floor=bad)
 
 
+def test_the_healthy_overhead_is_not_taken_from_a_replica_already_reading_the_fault() -> None:
+    # healthy: four replicas at 0.06 s per micro-batch, 8 each, F = 0.04 s; the straggler's reading just before
+    # the onset already holds a few slow iterations (0.07 s): F from the slowest replica would be 0
+    counts = [8, 8, 8, 8]
+    T0 = 0.04 + 8 * 0.06
+    per_mb = np.array([[0.07], [0.06], [0.06], [0.06]])
+    assert overhead(_ranks(per_mb, counts), counts, T0) == pytest.approx(0.04)
+    assert fit(_ranks(per_mb, counts), counts, T0).overhead_s == pytest.approx(T0 - 8 * 0.07)
+
+
 @pytest.mark.parametrize("ranks, counts, T, words", [
     ([], [4], 1.0, "no rank"),
     ([RankCompute(0, 0, 0, 1.0)], [4, 4], 1.0, "no compute time for replica 1"),
