@@ -384,6 +384,22 @@ def test_the_planner_rebalances_a_slow_replica_from_real_prometheus_data(tmp_pat
             assert 'failslow_remediator_decision_latency_seconds_count{strategy="rebalance"} 2.0' in metrics
 
 
+def _first_action(tmp: Path, redis_url: str, prom_url: str, counts: list[int], **settings: Any
+                  ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Alert on llm1 to an auto remediator (the fake adapter, job split `counts`); its first succeeded action
+    and the event. `exporter_window_iterations=0` in `settings`: the fake cluster's readings are per iteration,
+    clean at once after a change."""
+    env = Env(tmp, redis_url, prom_url)
+    cfg = {"jobs": [{"match": "llm.*", "adapter": "fake",
+                     "options": {"record": str(env.record), "microbatches": counts}}]}
+    with env.app(mode="auto", config=cfg, **settings) as c:
+        c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
+        act = wait_for(lambda: [a for a in c.get("/actions", headers=AUTH).json()
+                                if a["job"] == "llm1" and a["state"] == "succeeded"], 30, "the first action",
+                       every=0.1)[0]
+        return act, c.get(f"/events/{act['event_id']}", headers=AUTH).json()
+
+
 def test_replicas_left_waiting_by_the_straggler_are_priced_at_their_healthy_speed(tmp_path: Path) -> None:
     # healthy: both replicas 0.10 s per micro-batch (8 each, F 0.05 s); the fault: replica 1 2x slower and
     # replica 0, waiting for it, reading 10% faster than healthy (as the testbed's quota devices and a shared
@@ -397,17 +413,15 @@ def test_replicas_left_waiting_by_the_straggler_are_priced_at_their_healthy_spee
         onset = time.time()
         cluster.set("llm1", JobSeries({(0, 0): 0.09, (1, 0): 0.20}, [8, 8], onset_ts=onset, healthy_s=0.85))
         time.sleep(3.0)  # the fault scraped
-        env = Env(tmp_path, r.url, prom_url)
-        cfg = {"jobs": [{"match": "llm.*", "adapter": "fake",
-                         "options": {"record": str(env.record), "microbatches": [8, 8]}}]}
-        with env.app(mode="auto", config=cfg) as c:
-            c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
-            act = wait_for(lambda: [a for a in c.get("/actions", headers=AUTH).json()
-                                    if a["job"] == "llm1" and a["state"] == "succeeded"], 30, "the rebalance",
-                           every=0.1)[0]
+        act, _ev = _first_action(tmp_path, r.url, prom_url, [8, 8])
         assert act["strategy"] == "rebalance" and act["params"]["counts"] == [11, 5]
         assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 11 * 0.10)
         assert act["predicted"]["pace_before_s"] == pytest.approx(0.05 + 8 * 0.20)
+
+
+def _replicas(cluster: Any, per_mb: list[float], counts: list[int], onset: float | None = None) -> None:
+    """llm1 as a DP job of one stage: replica d at per_mb[d] s per micro-batch (healthy 0.85 s)."""
+    cluster.set("llm1", JobSeries({(d, 0): t for d, t in enumerate(per_mb)}, counts, onset_ts=onset, healthy_s=0.85))
 
 
 def test_the_overhead_is_calibrated_on_the_healthy_replicas_when_the_onset_trails_the_fault(tmp_path: Path) -> None:
@@ -418,22 +432,13 @@ def test_the_overhead_is_calibrated_on_the_healthy_replicas_when_the_onset_trail
     with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
             fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
         even = [8, 8, 8]
-        cluster.set("llm1", JobSeries({(0, 0): 0.10, (1, 0): 0.10, (2, 0): 0.10}, even, healthy_s=0.85))
+        _replicas(cluster, [0.10, 0.10, 0.10], even)
         wait_for_series(prom_url, "llm1")
         time.sleep(10.0)
         fault = time.time()
-        cluster.set("llm1", JobSeries({(0, 0): 0.10, (1, 0): 0.20, (2, 0): 0.10}, even, onset_ts=fault + 6.0,
-                                      healthy_s=0.85))
+        _replicas(cluster, [0.10, 0.20, 0.10], even, fault + 6.0)
         time.sleep(9.0)
-        env = Env(tmp_path, r.url, prom_url)
-        cfg = {"jobs": [{"match": "llm.*", "adapter": "fake",
-                         "options": {"record": str(env.record), "microbatches": even}}]}
-        with env.app(mode="auto", config=cfg, exporter_window_iterations=0) as c:
-            c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
-            act = wait_for(lambda: [a for a in c.get("/actions", headers=AUTH).json()
-                                    if a["job"] == "llm1" and a["state"] == "succeeded"], 30, "the rebalance",
-                           every=0.1)[0]
-            ev = c.get(f"/events/{act['event_id']}", headers=AUTH).json()
+        act, ev = _first_action(tmp_path, r.url, prom_url, even, exporter_window_iterations=0)
         assert act["strategy"] == "rebalance" and sum(act["params"]["counts"]) == 24
         assert ev["overhead_s"] == pytest.approx(0.05)
         assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 1.00)
@@ -448,25 +453,15 @@ def test_a_momentary_dip_in_one_straggler_reading_does_not_set_the_split(tmp_pat
     with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
             fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
         even = [8, 8, 8]
-        cluster.set("llm1", JobSeries({(0, 0): 0.10, (1, 0): 0.10, (2, 0): 0.10}, even, healthy_s=0.85))
+        _replicas(cluster, [0.10, 0.10, 0.10], even)
         wait_for_series(prom_url, "llm1")
         time.sleep(8.0)
         onset = time.time()
-        cluster.set("llm1", JobSeries({(0, 0): 0.20, (1, 0): 0.20, (2, 0): 0.10}, even, onset_ts=onset,
-                                      healthy_s=0.85))
+        _replicas(cluster, [0.20, 0.20, 0.10], even, onset)
         time.sleep(15.0)
-        cluster.set("llm1", JobSeries({(0, 0): 0.14, (1, 0): 0.20, (2, 0): 0.10}, even, onset_ts=onset,
-                                      healthy_s=0.85))
+        _replicas(cluster, [0.14, 0.20, 0.10], even, onset)
         time.sleep(2.5)  # two or three scrapes of the dip
-        env = Env(tmp_path, r.url, prom_url)
-        cfg = {"jobs": [{"match": "llm.*", "adapter": "fake",
-                         "options": {"record": str(env.record), "microbatches": even}}]}
-        # the fake cluster's readings are per iteration: clean at once after a change
-        with env.app(mode="auto", config=cfg, exporter_window_iterations=0) as c:
-            c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
-            act = wait_for(lambda: [a for a in c.get("/actions", headers=AUTH).json()
-                                    if a["job"] == "llm1" and a["state"] == "succeeded"], 30, "the rebalance",
-                           every=0.1)[0]
+        act, _ev = _first_action(tmp_path, r.url, prom_url, even, exporter_window_iterations=0)
         assert act["strategy"] == "rebalance" and act["params"]["counts"] == [6, 6, 12]
         assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 6 * 0.20)
         assert act["predicted"]["compute_window_s"] >= 15.0  # onset to the alert: 17.5 s
