@@ -26,7 +26,8 @@ Columns: iteration time healthy (before the fault), with the fault (until the fi
 (from 25 s after the action until the row ends), all medians of the trainer's own per-iteration times;
 slowdown reduced = (slow - mitigated) / (slow - healthy); fault -> action = from the fault to the adapter
 call (detection, alerting, decision); decision = the delivery that opened the event to the adapter call;
-the action's measured cost; the pace model's prediction made before the action beside the measured time.
+the action's measured cost; the pace model's prediction made before each action beside the pace measured
+after it (from `SETTLE_S` after it until the next action, or the row's end).
 """
 
 from __future__ import annotations
@@ -124,11 +125,18 @@ def median_run(runs: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def prediction(r: dict[str, Any]) -> str:
-    """The first action's predicted pace and its error against the mitigated pace."""
-    pred = ((r.get("first") or {}).get("predicted") or {}).get("pace_s")
-    m = r.get("mitigated")
-    err = f"{(float(pred) - m) / m:+.1%}" if pred and m else "–"
-    return f"{fmt(pred)} / {err}"
+    """Each action's predicted pace beside its error against the pace measured after it: from `SETTLE_S` after
+    it ended to the next action's start (to the row's end for the last; "–" for a stretch of fewer than three
+    iterations). With one action, the error is against the row's mitigated pace."""
+    s = r["res"].state
+    acts = [a for a in r["actions"] if a.get("started_at")]
+    out = []
+    for i, a in enumerate(acts):
+        pred = (a.get("predicted") or {}).get("pace_s")
+        until = float(acts[i + 1]["started_at"]) if i + 1 < len(acts) else r["end"] + 1e9
+        m = s.pace(float(a.get("ended_at") or a["started_at"]) + SETTLE_S, until)
+        out.append(f"{fmt(pred)} / {f'{(float(pred) - m) / m:+.1%}' if pred and m else '–'}")
+    return ", ".join(out) or "– / –"
 
 
 def actions(r: dict[str, Any], param: str) -> str:
@@ -203,7 +211,7 @@ def run() -> str:
              "run's, in the order they ran). "
              "Healthy / fail-slow / mitigated are the trainer's own iteration times (medians); the action cost is "
              "the adapter call's duration (a split applies at an iteration boundary: no pause); the prediction is "
-             "the pace model's, made before the action; the best split is what S2 could reach at most "
+             "the pace model's, made before each action, against the pace after it until the next action; the best split is what S2 could reach at most "
              "(`best_split`: the slowed stage exactly device / quota times slower, the pipeline's 1F1B time). "
              "FALCON reports 55.3-82.9% for S2 on one slow replica."]
     return "\n".join(lines) + "\n"
