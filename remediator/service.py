@@ -483,17 +483,18 @@ class Remediator:
         onset = float(ev["onset"])
         if obs is not None and obs.onset_ts is not None and ev.get("onset_source") != "detector" and not ev.get("manual"):
             onset, upd["onset"], upd["onset_source"] = obs.onset_ts, obs.onset_ts, "detector"
-        healthy = ev.get("healthy_s")
+        memory = await self.store.job_memory(job)
+        last = memory.get("last_closed")
+        if last is not None and last.get("event") == ev["id"]:
+            last = None
+        healthy_span = healthy_window(onset, last)
+        healthy, measured_healthy = ev.get("healthy_s"), None
         if healthy is None and obs is not None:
-            last = (await self.store.job_memory(job)).get("last_closed")
-            if last is not None and last.get("event") == ev["id"]:
-                last = None
-            window = healthy_window(onset, last)
-            if window is None:
+            if healthy_span is None:
                 healthy = (last or {}).get("healthy_s")
             else:
                 with contextlib.suppress(PromUnavailable):
-                    healthy = await asyncio.to_thread(self.prom.healthy_pace, job, *window)
+                    healthy = measured_healthy = await asyncio.to_thread(self.prom.healthy_pace, job, *healthy_span)
             healthy = healthy_estimate(healthy, obs.detector_baseline_s)
             if healthy is not None:
                 upd["healthy_s"] = healthy
@@ -523,7 +524,8 @@ class Remediator:
         f0, floor = ev.get("overhead_s"), ev.get("healthy_stage_s")
         if f0 is None and healthy is not None and obs is not None:
             calibrated = await self._healthy_calibration(
-                job, ev["id"], onset, healthy, ev.get("microbatches_at_onset") or upd.get("microbatches_at_onset"))
+                job, onset, healthy_span, measured_healthy, healthy,
+                ev.get("microbatches_at_onset") or upd.get("microbatches_at_onset"))
             if calibrated is not None:
                 f0, floor = calibrated
                 upd["overhead_s"], upd["healthy_stage_s"] = f0, list(floor)
@@ -536,7 +538,6 @@ class Remediator:
                             floor=floor if floor and len(floor) == stages else None)
             except InputError as exc:
                 log.info("job %s: no pace model: %s", job, exc)
-        memory = await self.store.job_memory(job)
         inef = frozenset(s for s, until in (memory.get("ineffective") or {}).items() if until > now)
         view = JobView(
             now=now, pace_s=pace, healthy_s=healthy, model=model,
@@ -558,21 +559,22 @@ class Remediator:
                 known_paths=memory.get("slow_paths") or (), healthy_counts=view.default_microbatches))
         return view, upd, await self._costs(adapter, info), actions, adapter
 
-    async def _healthy_calibration(self, job: str, event_id: str, onset: float, healthy: float,
-                                   microbatches: list[int] | None) -> tuple[float, tuple[float, ...]] | None:
+    async def _healthy_calibration(self, job: str, onset: float, window: tuple[float, float] | None,
+                                   window_pace: float | None, healthy: float, microbatches: list[int] | None
+                                   ) -> tuple[float, tuple[float, ...]] | None:
         """The pace model's fixed part ``F`` and each stage's time per micro-batch (the floor of its cells),
-        measured on the healthy job before the onset: each rank's readings and the pace over the window the
-        healthy pace is measured in (:func:`healthy_window`; a single reading is the exporter's mean over its last
-        iterations and swings), else the readings 5 s before the onset and `healthy` (None: no data)."""
+        measured on the healthy job before the onset: each rank's readings and the pace over `window`, the
+        ``(end, seconds)`` the healthy pace is measured in (:func:`healthy_window`; `window_pace`: the pace
+        already read there, None to read it), as a single reading is the exporter's mean over its last
+        iterations and swings; else the readings 5 s before the onset and `healthy` (None: no data)."""
         if not microbatches:
             return None
-        last = (await self.store.job_memory(job)).get("last_closed")
-        window = healthy_window(onset, None if last is not None and last.get("event") == event_id else last)
         try:
             samples, pace = [], None
             if window is not None:
                 samples = await asyncio.to_thread(self.prom.ranks, job, window[0], window[1])
-                pace = await asyncio.to_thread(self.prom.healthy_pace, job, *window)
+                pace = window_pace if window_pace is not None else \
+                    await asyncio.to_thread(self.prom.healthy_pace, job, *window)
             if not samples or pace is None:
                 samples, pace = await asyncio.to_thread(self.prom.ranks, job, onset - 5.0), healthy
             ranks = [RankCompute(r.rank, r.dp, r.pp, r.compute_s) for r in samples]
