@@ -66,7 +66,7 @@ from remediator.adapters.base import (
 from remediator.config import RemediatorConfig
 from remediator.events import apply_alerts, new_event
 from remediator.metrics import RemediatorMetrics
-from remediator.observe import JobObservation, Prometheus, PromUnavailable
+from remediator.observe import JobObservation, Prometheus, PromUnavailable, RankSample
 from remediator.payload import Alert, Notification, RemediateRequest
 from remediator.settings import Settings
 from remediator.store import Store, Unavailable, new_id
@@ -135,6 +135,42 @@ def compute_window(since: float, pace_s: float, now: float, lag_iterations: int,
         return None
     span = min(longest_s, now - (since + lag_iterations * pace_s))
     return span if span >= 1.0 else None
+
+
+COMPUTE_RECENT_MIN_S = 10.0  # the newest stretch a rank's change is judged on is at least this long
+
+
+def settled_ranks(window: Sequence[RankSample], earlier: Sequence[RankSample], recent: Sequence[RankSample],
+                  shift: float) -> tuple[list[RankSample], dict[int, tuple[float, float]]]:
+    """Each rank's compute reading for the pace model, and the ranks that changed inside the window (each with
+    its means before and over the newest stretch).
+
+    A rank's reading is its mean over the whole window (`window`) unless its mean over the newest stretch
+    (`recent`) differs from its mean before it (`earlier`) by more than `shift` (a share of the earlier mean):
+    the rank changed after the window began (the straggler recovered, or another rank slowed) and its newest
+    stretch stands for it. Without this the window's mean holds the old speed for up to its whole length: on
+    the testbed (DP2xPP2, one rank 3.3x slower for 110 s) the split [7, 1] was first re-tuned 28 s after the
+    fault ended, on a mean still two-thirds fault, and was even again 75 s after it; with the newest stretch
+    the first re-tuning came 15-16 s after it. A swing of a few seconds moves the newest stretch's mean by a
+    fraction of its size and stays averaged.
+    """
+    before = {r.rank: r.compute_s for r in earlier}
+    now = {r.rank: r.compute_s for r in recent}
+    out, changed = [], {}
+    for r in window:
+        b, n = before.get(r.rank), now.get(r.rank)
+        if b is not None and n is not None and b > 0 and abs(n - b) > shift * b:
+            out.append(replace(r, compute_s=n))
+            changed[r.rank] = (b, n)
+        else:
+            out.append(r)
+    return out, changed
+
+
+def _compute_basis(upd: dict[str, Any]) -> dict[str, Any]:
+    """What a pass's compute readings were, for an action's prediction: the seconds they were averaged over
+    (None: the newest readings) and the ranks whose newest stretch stood for them (:func:`settled_ranks`)."""
+    return {"compute_window_s": upd.get("compute_window_s"), "compute_changed_ranks": upd.get("compute_changed_ranks", [])}
 
 
 def healthy_estimate(before: float | None, detector_baseline: float | None) -> float | None:
@@ -515,12 +551,22 @@ class Remediator:
         window = None if pace is None else compute_window(max([onset, *ended]), pace, now,
                                                           self.settings.exporter_window_iterations,
                                                           self.settings.compute_average_s)
+        changed: dict[int, tuple[float, float]] = {}
         if window is not None and obs is not None and obs.ranks:
             with contextlib.suppress(PromUnavailable):
                 averaged = await asyncio.to_thread(self.prom.ranks, job, None, window)
+                recent = max(COMPUTE_RECENT_MIN_S, self.settings.exporter_window_iterations * (pace or 0.0))
+                if averaged and window >= 2 * recent:
+                    earlier = await asyncio.to_thread(self.prom.ranks, job, now - recent, window - recent)
+                    newest = await asyncio.to_thread(self.prom.ranks, job, None, recent)
+                    averaged, changed = settled_ranks(averaged, earlier, newest, self.settings.compute_shift)
+                    if changed:
+                        log.info("job %s: ranks changed inside the %.0f s compute window, their last %.0f s stand "
+                                 "for them: %s", job, window, recent,
+                                 ", ".join(f"{k} {b:.3f} -> {n:.3f} s" for k, (b, n) in sorted(changed.items())))
                 if averaged:
                     obs = replace(obs, ranks=averaged)
-        upd["compute_window_s"] = window
+        upd["compute_window_s"], upd["compute_changed_ranks"] = window, sorted(changed)
         f0, floor = ev.get("overhead_s"), ev.get("healthy_stage_s")
         if f0 is None and healthy is not None and obs is not None:
             calibrated = await self._healthy_calibration(
@@ -635,7 +681,7 @@ class Remediator:
                                 "chosen": None if decision.chosen is None else decision.chosen.to_json()}
         if decision.strategy != "ignore" and adapter is not None:
             await self._act(ev, decision, adapter, view, requested_by="planner", dry_run=not self.auto,
-                            compute_window_s=upd.get("compute_window_s"))
+                            compute=_compute_basis(upd))
             upd["level"] = max(int(ev.get("level") or 1), LEVEL[decision.strategy])
         await self.store.mutate_event(ev["id"], lambda d: {**d, **upd, "level": max(int(d.get("level") or 1),
                                                                                        int(upd.get("level", 1)))})
@@ -661,9 +707,9 @@ class Remediator:
     # ------------------------------------------------------------------ actions
     async def _act(self, ev: dict[str, Any], decision: Decision, adapter: TrainingAdapter, view: JobView, *,
                    requested_by: str, dry_run: bool, reason: str = "", approve: bool = False,
-                   action_id: str | None = None, compute_window_s: float | None = None) -> tuple[dict[str, Any], bool]:
-        """Record and (unless a dry run or awaiting approval) execute `decision`; `compute_window_s`: the
-        stretch the pace model's compute readings were averaged over (None: the newest readings)."""
+                   action_id: str | None = None, compute: dict[str, Any] | None = None) -> tuple[dict[str, Any], bool]:
+        """Record and (unless a dry run or awaiting approval) execute `decision`; `compute`: what the pace
+        model's compute readings were (:func:`_compute_basis`), kept with the prediction."""
         chosen = decision.chosen
         assert chosen is not None
         now = self.clock()
@@ -674,7 +720,7 @@ class Remediator:
             "adapter": adapter.kind, "labels": ev.get("labels") or {},
             "predicted": {"pace_s": chosen.predicted_s, "saving_s": chosen.saving_s, "cost_s": chosen.cost_s,
                           "pace_before_s": view.pace_s, "healthy_s": view.healthy_s,
-                          "compute_window_s": compute_window_s},
+                          **(compute or {"compute_window_s": None, "compute_changed_ranks": []})},
             "measured": {}, "outcome": None, "needs_approval": decision.needs_approval and not approve,
             "decision": decision.to_json(), "first_delivery_at": ev.get("first_delivery_at"),
         }
@@ -958,7 +1004,7 @@ class Remediator:
         if suspects != ev_view.suspects:
             ev_view = replace(ev_view, suspects=suspects)
         action, created = await self._act(ev, decision, adapter, view, requested_by="manual", dry_run=dry,
-                                          compute_window_s=upd.get("compute_window_s"),
+                                          compute=_compute_basis(upd),
                                           reason=req.reason or f"manual: {decision.reason}", approve=req.approve,
                                           action_id=action_id)
         if not created:

@@ -39,6 +39,9 @@ class Settings(BaseSettings):
             reading only). A reading over the exporter's window alone follows swings of tens of seconds that
             an action does not keep (on the testbed, a CPU quota's period beating with the iteration); the
             average runs from a clean reading after the onset or the event's last action to now.
+        compute_shift: A rank whose mean over the newest stretch of the average (the exporter's window, at
+            least 10 s) differs from its mean before it by more than this share changed inside the stretch
+            (recovered, or slowed): its newest stretch stands for it.
         replica: Name of this replica in locks and the audit (default: host and PID).
     """
 
@@ -64,4 +67,5 @@ class Settings(BaseSettings):
     audit_max_entries: int = Field(1_000_000, ge=0)
     exporter_window_iterations: int = Field(20, ge=0)
     compute_average_s: float = Field(120.0, ge=0)
+    compute_shift: float = Field(0.2, gt=0)
     replica: str | None = None

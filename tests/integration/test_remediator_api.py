@@ -465,3 +465,25 @@ def test_a_momentary_dip_in_one_straggler_reading_does_not_set_the_split(tmp_pat
         assert act["strategy"] == "rebalance" and act["params"]["counts"] == [6, 6, 12]
         assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 6 * 0.20)
         assert act["predicted"]["compute_window_s"] >= 15.0  # onset to the alert: 17.5 s
+
+
+def test_a_straggler_that_recovered_inside_the_window_is_priced_at_its_newest_speed(tmp_path: Path) -> None:
+    # healthy: three replicas at 0.10 s per micro-batch; replica 1 at 0.30 s for 14 s, then at 0.15 s for 12 s
+    # before the alert. Its mean over the event (about 0.24 s) prices the split [10, 4, 10], which takes
+    # 0.05 + 1.00 s at 0.15 s (checked with compute_shift=10); its last 10 s, half of its earlier mean, stand
+    # for it: [9, 6, 9] takes 0.05 + 0.90 s.
+    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
+            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
+        even = [8, 8, 8]
+        _replicas(cluster, [0.10, 0.10, 0.10], even)
+        wait_for_series(prom_url, "llm1")
+        time.sleep(8.0)
+        onset = time.time()
+        _replicas(cluster, [0.10, 0.30, 0.10], even, onset)
+        time.sleep(14.0)
+        _replicas(cluster, [0.10, 0.15, 0.10], even, onset)
+        time.sleep(12.0)
+        act, _ev = _first_action(tmp_path, r.url, prom_url, even, exporter_window_iterations=0)
+        assert act["strategy"] == "rebalance" and act["params"]["counts"] == [9, 6, 9]
+        assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 0.90)
+        assert act["predicted"]["compute_changed_ranks"] == [1]

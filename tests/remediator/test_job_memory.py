@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import pytest
 
+from remediator.observe import RankSample
 from remediator.service import (
     HEALTHY_LEAST_S,
     HEALTHY_SETTLE_S,
     HEALTHY_WINDOW_S,
     compute_window,
     healthy_window,
+    settled_ranks,
 )
 
 
@@ -83,3 +85,27 @@ def test_no_clean_stretch_yet_leaves_the_newest_reading() -> None:
     assert compute_window(1000.0, 1.0, 1020.5, 20, 120.0) is None  # under a second: one scrape at most
     assert compute_window(1000.0, 1.0, 1050.0, 20, 0.0) is None  # averaging switched off
     assert compute_window(1000.0, float("nan"), 1050.0, 20, 120.0) is None
+
+
+def _samples(*compute: float) -> list[RankSample]:
+    return [RankSample(r, r, 0, 0, str(r), c) for r, c in enumerate(compute)]
+
+
+def test_a_rank_that_changed_inside_the_window_reads_its_newest_stretch() -> None:
+    # rank 1 recovered 2x -> 1x after most of the window: its window mean still holds the fault
+    window, earlier, recent = _samples(0.10, 0.24, 0.10), _samples(0.10, 0.29, 0.10), _samples(0.10, 0.15, 0.10)
+    ranks, changed = settled_ranks(window, earlier, recent, 0.2)
+    assert [r.compute_s for r in ranks] == [0.10, 0.15, 0.10] and changed == {1: (0.29, 0.15)}
+    assert ranks[1].dp == 1 and ranks[1].node == "1"  # the rank keeps its coordinates
+    # a rank slowing inside the window likewise
+    ranks, changed = settled_ranks(_samples(0.12, 0.10), _samples(0.10, 0.10), _samples(0.16, 0.10), 0.2)
+    assert [r.compute_s for r in ranks] == [0.16, 0.10] and changed == {0: (0.10, 0.16)}
+
+
+def test_a_swing_within_the_shift_or_a_rank_without_both_stretches_stays_averaged() -> None:
+    window = _samples(0.20, 0.20, 0.10)
+    ranks, changed = settled_ranks(window, _samples(0.20, 0.20, 0.10), _samples(0.185, 0.21, 0.10), 0.2)
+    assert ranks == window and not changed
+    # rank 0 has no newest stretch, rank 2 nothing before it (a reading that just came back): both averaged
+    ranks, changed = settled_ranks(window, _samples(0.20, 0.20), _samples(0.05, 0.20, 0.05)[1:], 0.2)
+    assert ranks == window and not changed
