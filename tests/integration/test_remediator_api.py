@@ -444,27 +444,33 @@ def test_the_overhead_is_calibrated_on_the_healthy_replicas_when_the_onset_trail
         assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 1.00)
 
 
+def _first_action_after(tmp: Path, steps: list[tuple[list[float], float]]) -> dict[str, Any]:
+    """llm1 as three replicas of 8 micro-batches at 0.10 s each, healthy for 8 s, then each step's speeds for
+    its seconds from one onset; the first action of an auto remediator alerted after the last step."""
+    with redis_server(tmp / "redis", free_port(), persist=True) as r, \
+            fake_cluster_prometheus(tmp / "prom") as (prom_url, cluster):
+        even = [8, 8, 8]
+        _replicas(cluster, [0.10, 0.10, 0.10], even)
+        wait_for_series(prom_url, "llm1")
+        time.sleep(8.0)
+        onset = time.time()
+        for per_mb, seconds in steps:
+            _replicas(cluster, per_mb, even, onset)
+            time.sleep(seconds)
+        return _first_action(tmp, r.url, prom_url, even, exporter_window_iterations=0)[0]
+
+
 def test_a_momentary_dip_in_one_straggler_reading_does_not_set_the_split(tmp_path: Path) -> None:
     # healthy: three replicas at 0.10 s per micro-batch; the fault: replicas 0 and 1 at 0.20 s for 15 s, then
     # replica 0's newest readings dip to 0.14 s just before the alert (a swing the next iterations do not keep;
     # replica 1 still paces the job). Priced on the newest readings alone the split is [8, 5, 11] (checked with
     # compute_average_s=0), which takes 0.05 + 8 * 0.20 s once replica 0 is back at 0.20 s: no faster than
     # before the split. Averaged over the event (about 0.19 s) the two slowed replicas are split alike.
-    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
-            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
-        even = [8, 8, 8]
-        _replicas(cluster, [0.10, 0.10, 0.10], even)
-        wait_for_series(prom_url, "llm1")
-        time.sleep(8.0)
-        onset = time.time()
-        _replicas(cluster, [0.20, 0.20, 0.10], even, onset)
-        time.sleep(15.0)
-        _replicas(cluster, [0.14, 0.20, 0.10], even, onset)
-        time.sleep(2.5)  # two or three scrapes of the dip
-        act, _ev = _first_action(tmp_path, r.url, prom_url, even, exporter_window_iterations=0)
-        assert act["strategy"] == "rebalance" and act["params"]["counts"] == [6, 6, 12]
-        assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 6 * 0.20)
-        assert act["predicted"]["compute_window_s"] >= 15.0  # onset to the alert: 17.5 s
+    # (2.5 s: two or three scrapes of the dip)
+    act = _first_action_after(tmp_path, [([0.20, 0.20, 0.10], 15.0), ([0.14, 0.20, 0.10], 2.5)])
+    assert act["strategy"] == "rebalance" and act["params"]["counts"] == [6, 6, 12]
+    assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 6 * 0.20)
+    assert act["predicted"]["compute_window_s"] >= 15.0  # onset to the alert: 17.5 s
 
 
 def test_a_straggler_that_recovered_inside_the_window_is_priced_at_its_newest_speed(tmp_path: Path) -> None:
@@ -472,18 +478,7 @@ def test_a_straggler_that_recovered_inside_the_window_is_priced_at_its_newest_sp
     # before the alert. Its mean over the event (about 0.24 s) prices the split [10, 4, 10], which takes
     # 0.05 + 1.00 s at 0.15 s (checked with compute_shift=10); its last 10 s, half of its earlier mean, stand
     # for it: [9, 6, 9] takes 0.05 + 0.90 s.
-    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
-            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
-        even = [8, 8, 8]
-        _replicas(cluster, [0.10, 0.10, 0.10], even)
-        wait_for_series(prom_url, "llm1")
-        time.sleep(8.0)
-        onset = time.time()
-        _replicas(cluster, [0.10, 0.30, 0.10], even, onset)
-        time.sleep(14.0)
-        _replicas(cluster, [0.10, 0.15, 0.10], even, onset)
-        time.sleep(12.0)
-        act, _ev = _first_action(tmp_path, r.url, prom_url, even, exporter_window_iterations=0)
-        assert act["strategy"] == "rebalance" and act["params"]["counts"] == [9, 6, 9]
-        assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 0.90)
-        assert act["predicted"]["compute_changed_ranks"] == [1]
+    act = _first_action_after(tmp_path, [([0.10, 0.30, 0.10], 14.0), ([0.10, 0.15, 0.10], 12.0)])
+    assert act["strategy"] == "rebalance" and act["params"]["counts"] == [9, 6, 9]
+    assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 0.90)
+    assert act["predicted"]["compute_changed_ranks"] == [1]
