@@ -429,35 +429,28 @@ def test_the_overhead_is_calibrated_on_the_healthy_replicas_when_the_onset_trail
     # onset the detector reports, so the readings 5 s before the onset already hold it. F from the slowest
     # replica there would be 0 (0.85 - 1.60 s) and every split priced 0.05 s too fast; the median replica
     # leaves F at 0.05 s: the best split takes 0.05 + 1.00 s (10 * 0.10 s against 5 * 0.20 s, or 4 * 0.20 s).
-    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
-            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
-        even = [8, 8, 8]
-        _replicas(cluster, [0.10, 0.10, 0.10], even)
-        wait_for_series(prom_url, "llm1")
-        time.sleep(10.0)
-        fault = time.time()
-        _replicas(cluster, [0.10, 0.20, 0.10], even, fault + 6.0)
-        time.sleep(9.0)
-        act, ev = _first_action(tmp_path, r.url, prom_url, even, exporter_window_iterations=0)
-        assert act["strategy"] == "rebalance" and sum(act["params"]["counts"]) == 24
-        assert ev["overhead_s"] == pytest.approx(0.05)
-        assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 1.00)
+    act, ev = _first_action_after(tmp_path, [([0.10, 0.20, 0.10], 9.0)], healthy_s=10.0, onset_delay_s=6.0)
+    assert act["strategy"] == "rebalance" and sum(act["params"]["counts"]) == 24
+    assert ev["overhead_s"] == pytest.approx(0.05)
+    assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 1.00)
 
 
-def _first_action_after(tmp: Path, steps: list[tuple[list[float], float]]) -> dict[str, Any]:
-    """llm1 as three replicas of 8 micro-batches at 0.10 s each, healthy for 8 s, then each step's speeds for
-    its seconds from one onset; the first action of an auto remediator alerted after the last step."""
+def _first_action_after(tmp: Path, steps: list[tuple[list[float], float]], healthy_s: float = 8.0,
+                        onset_delay_s: float = 0.0) -> tuple[dict[str, Any], dict[str, Any]]:
+    """llm1 as three replicas of 8 micro-batches at 0.10 s each, healthy for `healthy_s`, then each step's
+    speeds for its seconds, the detector's onset `onset_delay_s` after the first step; the first action of an
+    auto remediator alerted after the last step, and its event."""
     with redis_server(tmp / "redis", free_port(), persist=True) as r, \
             fake_cluster_prometheus(tmp / "prom") as (prom_url, cluster):
         even = [8, 8, 8]
         _replicas(cluster, [0.10, 0.10, 0.10], even)
         wait_for_series(prom_url, "llm1")
-        time.sleep(8.0)
-        onset = time.time()
+        time.sleep(healthy_s)
+        onset = time.time() + onset_delay_s
         for per_mb, seconds in steps:
             _replicas(cluster, per_mb, even, onset)
             time.sleep(seconds)
-        return _first_action(tmp, r.url, prom_url, even, exporter_window_iterations=0)[0]
+        return _first_action(tmp, r.url, prom_url, even, exporter_window_iterations=0)
 
 
 def test_a_momentary_dip_in_one_straggler_reading_does_not_set_the_split(tmp_path: Path) -> None:
@@ -467,7 +460,7 @@ def test_a_momentary_dip_in_one_straggler_reading_does_not_set_the_split(tmp_pat
     # compute_average_s=0), which takes 0.05 + 8 * 0.20 s once replica 0 is back at 0.20 s: no faster than
     # before the split. Averaged over the event (about 0.19 s) the two slowed replicas are split alike.
     # (2.5 s: two or three scrapes of the dip)
-    act = _first_action_after(tmp_path, [([0.20, 0.20, 0.10], 15.0), ([0.14, 0.20, 0.10], 2.5)])
+    act, _ev = _first_action_after(tmp_path, [([0.20, 0.20, 0.10], 15.0), ([0.14, 0.20, 0.10], 2.5)])
     assert act["strategy"] == "rebalance" and act["params"]["counts"] == [6, 6, 12]
     assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 6 * 0.20)
     assert act["predicted"]["compute_window_s"] >= 15.0  # onset to the alert: 17.5 s
@@ -478,7 +471,7 @@ def test_a_straggler_that_recovered_inside_the_window_is_priced_at_its_newest_sp
     # before the alert. Its mean over the event (about 0.24 s) prices the split [10, 4, 10], which takes
     # 0.05 + 1.00 s at 0.15 s (checked with compute_shift=10); its last 10 s, half of its earlier mean, stand
     # for it: [9, 6, 9] takes 0.05 + 0.90 s.
-    act = _first_action_after(tmp_path, [([0.10, 0.30, 0.10], 14.0), ([0.10, 0.15, 0.10], 12.0)])
+    act, _ev = _first_action_after(tmp_path, [([0.10, 0.30, 0.10], 14.0), ([0.10, 0.15, 0.10], 12.0)])
     assert act["strategy"] == "rebalance" and act["params"]["counts"] == [9, 6, 9]
     assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 0.90)
     assert act["predicted"]["compute_changed_ranks"] == [1]
