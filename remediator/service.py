@@ -170,7 +170,8 @@ def settled_ranks(window: Sequence[RankSample], earlier: Sequence[RankSample], r
 def _compute_basis(upd: dict[str, Any]) -> dict[str, Any]:
     """What a pass's compute readings were, for an action's prediction: the seconds they were averaged over
     (None: the newest readings) and the ranks whose newest stretch stood for them (:func:`settled_ranks`)."""
-    return {"compute_window_s": upd.get("compute_window_s"), "compute_changed_ranks": upd.get("compute_changed_ranks", [])}
+    return {"compute_window_s": upd.get("compute_window_s"),
+            "compute_changed_ranks": upd.get("compute_changed_ranks", [])}
 
 
 def healthy_estimate(before: float | None, detector_baseline: float | None) -> float | None:
@@ -720,7 +721,7 @@ class Remediator:
             "adapter": adapter.kind, "labels": ev.get("labels") or {},
             "predicted": {"pace_s": chosen.predicted_s, "saving_s": chosen.saving_s, "cost_s": chosen.cost_s,
                           "pace_before_s": view.pace_s, "healthy_s": view.healthy_s,
-                          **(compute or {"compute_window_s": None, "compute_changed_ranks": []})},
+                          **(compute or _compute_basis({}))},
             "measured": {}, "outcome": None, "needs_approval": decision.needs_approval and not approve,
             "decision": decision.to_json(), "first_delivery_at": ev.get("first_delivery_at"),
         }
