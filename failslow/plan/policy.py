@@ -373,14 +373,19 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
     if in_flight:
         return Decision("ignore", f"{in_flight[-1].strategy} in flight ({in_flight[-1].state})", wait=True)
     if force is None:
-        if not event.firing:
-            return Decision("ignore", "alert resolved: no new action", wait=True)
         # validation leaves the pace as it was: nothing to wait for after it
         ended = [a.ended_at for a in event.actions
                  if a.ended_at is not None and not a.dry_run and a.strategy != "validate"]
-        if ended and job.now - max(ended) < policy.cooldown_s:
+        cooling = bool(ended) and job.now - max(ended) < policy.cooldown_s
+        capped = job.actions_last_hour >= policy.max_actions_per_hour
+        if not event.firing:
+            back = None if cooling or capped else _restore_resolved(event, job, policy)
+            if back is not None:
+                return Decision("rebalance", back.why, back, (back,))
+            return Decision("ignore", "alert resolved: no new action", wait=True)
+        if cooling:
             return Decision("ignore", f"cooldown: {policy.cooldown_s - (job.now - max(ended)):.0f} s left", wait=True)
-        if job.actions_last_hour >= policy.max_actions_per_hour:
+        if capped:
             return Decision("ignore", f"cap: {job.actions_last_hour} actions in the last hour", wait=True)
 
     if event.validated is not None and moved_since_validation(event.actions):
@@ -450,6 +455,26 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
                          considered)
     why = "; ".join(f"{c.strategy}: {c.why}" for c in considered) or "no applicable strategy"
     return Decision("ignore", why, considered=tuple(considered))
+
+
+def _restore_resolved(event: EventView, job: JobView, policy: Policy) -> Candidate | None:
+    """The way back to the job's own split while the event waits for its pace to be confirmed back.
+
+    The detector ends an event once the level took back most of its rise, and a split made for a straggler
+    that has since recovered holds the job above its healthy pace by about that residue: the alert resolves
+    with the pace not back, and the pace cannot come back while the split stays. Without this the split
+    stayed until the confirmation timed out (a closed-loop run held [7, 1] at 1.43x healthy for 270 s).
+    The same rule as after the event (:func:`restore`): back when predicted ``min_gain`` faster.
+    """
+    if "rebalance" not in job.capabilities or job.default_microbatches is None:
+        return None
+    back = restore(job, job.default_microbatches, policy)
+    if back is None:
+        return None
+    ineffective = set(job.ineffective) | {a.key for a in event.actions if a.effective is False}
+    if signature("rebalance", back.params) in ineffective:
+        return None
+    return replace(back, why=f"alert resolved with the event's split in place; {back.why}")
 
 
 def _harmful_split(event: EventView, policy: Policy) -> PastAction | None:

@@ -475,3 +475,43 @@ def test_a_straggler_that_recovered_inside_the_window_is_priced_at_its_newest_sp
     assert act["strategy"] == "rebalance" and act["params"]["counts"] == [9, 6, 9]
     assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 0.90)
     assert act["predicted"]["compute_changed_ranks"] == [1]
+
+
+def test_a_resolved_alert_with_the_straggler_back_restores_the_jobs_own_split(tmp_path: Path) -> None:
+    # healthy: two replicas of 8 micro-batches at 0.10 s (0.85 s); replica 1 turns 3x slower and the split
+    # [12, 4] takes 1.25 s. The straggler recovers as the split lands and the alert resolves: at even speeds
+    # [12, 4] still takes 1.25 s, 1.47x healthy, so the pace is never confirmed back while the split stays.
+    # The remediator goes back to [8, 8] without waiting for the confirmation to time out (120 s here).
+    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
+            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
+        _replicas(cluster, [0.10, 0.10], [8, 8])
+        wait_for_series(prom_url, "llm1")
+        time.sleep(8.0)
+        _replicas(cluster, [0.10, 0.30], [8, 8], time.time())
+        time.sleep(3.0)
+        env = Env(tmp_path, r.url, prom_url)
+        cfg = {"jobs": [{"match": "llm.*", "adapter": "fake", "options": {"record": str(env.record),
+                                                                        "microbatches": [8, 8]}}],
+               "policy": {"cooldown_s": 5}}
+        # two iterations of exporter lag: the readings scraped before the series below follow the split are
+        # left out of the compute average
+        with env.app(mode="auto", config=cfg, exporter_window_iterations=2, confirm_timeout_s=120) as c:
+            c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
+
+            def succeeded() -> list[dict[str, Any]]:
+                return sorted((a for a in c.get("/actions", headers=AUTH).json() if a["state"] == "succeeded"),
+                              key=lambda a: a["created_at"])
+
+            first = wait_for(succeeded, 30, "the split", every=0.1)[0]
+            assert first["params"]["counts"] == [12, 4]
+            _replicas(cluster, [0.10, 0.10], [12, 4])
+            resolved = [{**FIRING[0], "status": "resolved"}]
+            assert c.post("/api/v1/alerts", content=body("llm1", resolved), headers=AUTH).status_code == 200
+            back = wait_for(lambda: succeeded()[1:], 40, "the way back to the job's own split")[0]
+            assert back["params"] == {"counts": [8, 8], "from": [12, 4], "restore": True}
+            assert "alert resolved" in back["reason"] and back["predicted"]["pace_s"] == pytest.approx(0.85)
+            _replicas(cluster, [0.10, 0.10], [8, 8])
+            ev = wait_for(lambda: (e := c.get(f"/events/{first['event_id']}", headers=AUTH).json())["state"]
+                          == "closed" and e, 30, "the event to close")
+            assert "confirmed back" in ev["close_reason"]
+            assert [e["params"]["counts"] for e in env.executed()] == [[12, 4], [8, 8]]

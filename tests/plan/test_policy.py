@@ -164,6 +164,32 @@ def test_retuning_an_applied_split_needs_a_larger_gain() -> None:
     assert decide(event(actions=(past,)), jv, COSTS, Policy(retune_gain=0.0)).strategy == "rebalance"
 
 
+def test_a_resolved_alert_with_the_events_split_in_place_goes_back_to_the_jobs_own_split() -> None:
+    # [6, 2] was applied for replica 1; the straggler recovered and the alert resolved with the pace still
+    # above healthy because of the split: back to [4, 4], after the cooldown, and only while it pays
+    split = PastAction("rebalance", "succeeded", ended_at=800.0, effective=True, params={"counts": [6, 2]})
+    even, pace = model(slow=1.0, counts=(6, 2))
+    jv = job(model=even, pace_s=pace, microbatches=(6, 2), default_microbatches=(4, 4))
+    d = decide(event(actions=(split,), firing=False), jv, COSTS, Policy())
+    assert d.strategy == "rebalance" and d.chosen is not None and d.level == 2
+    assert d.chosen.params == {"counts": [4, 4], "from": [6, 2], "restore": True}
+    assert d.chosen.predicted_s is not None and d.chosen.predicted_s < pace and "alert resolved" in d.reason
+    waiting = [
+        (event(actions=(replace(split, ended_at=990.0),), firing=False), jv),  # cooldown
+        (event(actions=(split,), firing=False), replace(jv, actions_last_hour=4)),  # cap
+        (event(actions=(split,), firing=False), replace(jv, default_microbatches=None)),  # the job's own split
+        (event(actions=(split,), firing=False), replace(jv, capabilities=ALL - {"rebalance"})),
+        (event(actions=(split,), firing=False), replace(jv, ineffective=frozenset({signature("rebalance", {"counts": [4, 4]})}))),
+    ]
+    for ev, jv2 in waiting:
+        w = decide(ev, jv2, COSTS, Policy())
+        assert w.strategy == "ignore" and w.reason == "alert resolved: no new action", (jv2, w)
+    slow, slow_pace = model(slow=3.0, counts=(6, 2))  # the straggler still slow: the split stays
+    still = decide(event(actions=(split,), firing=False),
+                   replace(jv, model=slow, pace_s=slow_pace), COSTS, Policy())
+    assert still.strategy == "ignore" and still.reason == "alert resolved: no new action"
+
+
 def test_a_split_that_made_the_job_slower_is_undone_and_no_other_split_is_planned() -> None:
     # the model says replica 1 is slow; [6, 2] was applied and the job went from 0.80 s to 0.92 s
     harmful = PastAction("rebalance", "succeeded", ended_at=800.0, effective=False,
