@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -31,7 +32,8 @@ def test_fault_alert_rebalance_recovery_restore_close(tmp_path: Path) -> None:
     s = res.state
     print(res.summary())
     diag = f"{res.summary()}\nactions: {s.actions}\nevents: {s.events}\nremediator log:\n" \
-           f"{res.logs.get('remediator', '')[-4000:]}\ntestbed:\n{res.logs.get('testbed', '')[-2000:]}"
+           f"{res.logs.get('remediator', '')[-4000:]}\ntestbed:\n{res.logs.get('testbed', '')[-2000:]}\n" \
+           f"timeline: {_timeline(res.audit, s.t0)}"
     assert s.fault_start is not None and s.fault_end is not None, diag
     ev = s.event
     assert ev is not None and ev["opened_at"] >= s.fault_start, "no event opened after the fault:\n" + diag
@@ -78,3 +80,21 @@ def test_fault_alert_rebalance_recovery_restore_close(tmp_path: Path) -> None:
     assert len({a["id"] for a in ran}) == len(ran)
     spans = sorted((float(a["started_at"]), float(a["ended_at"])) for a in ran)
     assert all(b[0] >= a[1] for a, b in itertools.pairwise(spans))
+
+
+def _timeline(audit: list[dict[str, Any]], t0: float) -> str:
+    """The remediator's audit on one line (seconds since the job started): a failure's message is often
+    shown by its head and tail only, and this line ends it."""
+    out = []
+    for x in sorted(audit, key=lambda x: x["ts"]):
+        d = x.get("data") or {}
+        if x["kind"] == "decision":
+            what = f"{d.get('strategy')}: {str(d.get('reason'))[:90]}"
+        elif x["kind"] == "delivery":
+            what = ",".join(sorted({str(a.get("status")) for a in d.get("alerts") or []}))
+        elif x["kind"] in ("judgement", "event"):
+            what = str(d.get("verdict") or d.get("what"))[:60]
+        else:
+            continue
+        out.append(f"{x['ts'] - t0:.0f}s {x['kind']} {what}")
+    return " | ".join(out)
