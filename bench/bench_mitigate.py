@@ -174,9 +174,19 @@ def best_split(dp: int, pp: int, slowed: Sequence[int], factor: float, per_repli
     return [int(c) for c in res.counts], gain
 
 
+def _unreduced(r: dict[str, Any]) -> str:
+    """Why a run has no reduction to show."""
+    if r.get("first") is None:
+        return "no action" if r["res"].state.event is not None else "no alert"
+    h, sl, m = r.get("healthy"), r.get("slow"), r.get("mitigated")
+    if not (h and sl and m):
+        return "pace not measured"
+    return f"not slower than healthy ({sl:.3f} vs {h:.3f} s)"
+
+
 def s2_line(name: str, runs: Sequence[dict[str, Any]], best: tuple[list[int], float]) -> str:
     """A Fig. 13 / 14 row: :func:`line` of the median run, the best split and every run's reduction."""
-    each = " / ".join("–" if reduced(r) is None else f"{reduced(r):.0%}" for r in runs)
+    each = " / ".join(f"– ({_unreduced(r)})" if reduced(r) is None else f"{reduced(r):.0%}" for r in runs)
     return line(name, median_run(runs)) + f" {best[0]} / {best[1]:.0%} | {each} |"
 
 
