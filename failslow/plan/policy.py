@@ -462,9 +462,9 @@ def _restore_resolved(event: EventView, job: JobView, policy: Policy) -> Candida
 
     The detector ends an event once the level took back most of its rise, and a split made for a straggler
     that has since recovered holds the job above its healthy pace by about that residue: the alert resolves
-    with the pace not back, and the pace cannot come back while the split stays. Without this the split
-    stayed until the confirmation timed out (a closed-loop run held [7, 1] at 1.43x healthy for 270 s).
-    The same rule as after the event (:func:`restore`): back when predicted ``min_gain`` faster.
+    with the pace not back, and the pace cannot come back while the split stays (nor the event close before
+    its confirmation times out). The same rule as after the event (:func:`restore`): back when predicted
+    ``min_gain`` faster, unless that split was judged ineffective.
     """
     if "rebalance" not in job.capabilities or job.default_microbatches is None:
         return None
