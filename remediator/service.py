@@ -174,6 +174,16 @@ def _compute_basis(upd: dict[str, Any]) -> dict[str, Any]:
             "compute_changed_ranks": upd.get("compute_changed_ranks", [])}
 
 
+def _model_basis(model: PaceModel | None) -> dict[str, Any]:
+    """The pace model an action's prediction came from: each replica's seconds per micro-batch per stage
+    (after the healthy floor), its fixed part ``F`` and the split the cells were measured under (None
+    without a model)."""
+    if model is None:
+        return {"model_per_mb_s": None, "model_overhead_s": None, "model_counts": None}
+    return {"model_per_mb_s": [[round(float(x), 6) for x in row] for row in model.per_mb],
+            "model_overhead_s": round(float(model.overhead_s), 6), "model_counts": list(model.microbatches)}
+
+
 def healthy_estimate(before: float | None, detector_baseline: float | None) -> float | None:
     """A new event's healthy pace: the pace measured `before` its onset (or the previous event's), and the
     healthy level the detector measures the slowdown against; the lower of the two that are known.
@@ -721,7 +731,7 @@ class Remediator:
             "adapter": adapter.kind, "labels": ev.get("labels") or {},
             "predicted": {"pace_s": chosen.predicted_s, "saving_s": chosen.saving_s, "cost_s": chosen.cost_s,
                           "pace_before_s": view.pace_s, "healthy_s": view.healthy_s,
-                          **(compute or _compute_basis({}))},
+                          **(compute or _compute_basis({})), **_model_basis(view.model)},
             "measured": {}, "outcome": None, "needs_approval": decision.needs_approval and not approve,
             "decision": decision.to_json(), "first_delivery_at": ev.get("first_delivery_at"),
         }

@@ -417,6 +417,10 @@ def test_replicas_left_waiting_by_the_straggler_are_priced_at_their_healthy_spee
         assert act["strategy"] == "rebalance" and act["params"]["counts"] == [11, 5]
         assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 11 * 0.10)
         assert act["predicted"]["pace_before_s"] == pytest.approx(0.05 + 8 * 0.20)
+        # the action keeps the cells it was priced on: replica 0 floored at its healthy 0.10 s
+        assert act["predicted"]["model_per_mb_s"] == [[pytest.approx(0.10)], [pytest.approx(0.20)]]
+        assert act["predicted"]["model_overhead_s"] == pytest.approx(0.05)
+        assert act["predicted"]["model_counts"] == [8, 8]
 
 
 def _replicas(cluster: Any, per_mb: list[float], counts: list[int], onset: float | None = None) -> None:
