@@ -23,7 +23,8 @@ exactly device / quota times slower and nothing else changed (1F1B: a replica of
 (m-1) max tau + sum tau), and the share of the slowdown it removes (the fixed per-iteration time cancels).
 
 Columns: iteration time healthy (before the fault), with the fault (until the first action) and mitigated
-(from 25 s after the action until the row ends), all medians of the trainer's own per-iteration times;
+(from 25 s after the action until the row ends), all medians of the trainer's own per-iteration times
+(each iteration the mean of its ranks' times, `Iteration.period`);
 slowdown reduced = (slow - mitigated) / (slow - healthy); fault -> action = from the fault to the adapter
 call (detection, alerting, decision); decision = the delivery that opened the event to the adapter call;
 the action's measured cost; the pace model's prediction made before each action beside the pace measured
@@ -219,7 +220,8 @@ def run() -> str:
              s2_line("DP4xPP1, 1 of 4 replicas slowed", *fig13[4][1:]), *(s2_line(*x) for x in fig14), "",
              "Each row's cells are those of its median run (by slowdown reduced; the last column lists every "
              "run's, in the order they ran). "
-             "Healthy / fail-slow / mitigated are the trainer's own iteration times (medians); the action cost is "
+             "Healthy / fail-slow / mitigated are the trainer's own iteration times (medians; each iteration the "
+             "mean of its ranks' times); the action cost is "
              "the adapter call's duration (a split applies at an iteration boundary: no pause); the prediction is "
              "the pace model's, made before each action, against the pace after it until the next action; the best split is what S2 could reach at most "
              "(`best_split`: the slowed stage exactly device / quota times slower, the pipeline's 1F1B time). "
