@@ -372,6 +372,7 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
     in_flight = [a for a in event.actions if a.state in IN_FLIGHT and not a.dry_run]
     if in_flight:
         return Decision("ignore", f"{in_flight[-1].strategy} in flight ({in_flight[-1].state})", wait=True)
+    ineffective = set(job.ineffective) | {a.key for a in event.actions if a.effective is False}
     if force is None:
         # validation leaves the pace as it was: nothing to wait for after it
         ended = [a.ended_at for a in event.actions
@@ -379,7 +380,7 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
         cooling = bool(ended) and job.now - max(ended) < policy.cooldown_s
         capped = job.actions_last_hour >= policy.max_actions_per_hour
         if not event.firing:
-            back = None if cooling or capped else _restore_resolved(event, job, policy)
+            back = None if cooling or capped else _restore_resolved(job, policy, ineffective)
             if back is not None:
                 return Decision("rebalance", back.why, back, (back,))
             return Decision("ignore", "alert resolved: no new action", wait=True)
@@ -393,7 +394,6 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
         # an S4 the suspect rank runs on the spare), so what it confirmed is confirmed no longer
         event = replace(event, validated=None)
     done = {a.strategy for a in event.actions if a.dry_run or a.state == "rejected"}
-    ineffective = set(job.ineffective) | {a.key for a in event.actions if a.effective is False}
     applied = {a.strategy for a in event.actions if a.state == "succeeded" and not a.dry_run}
     remaining = max(job.now - event.onset_ts, policy.horizon_min_s)
     considered: list[Candidate] = []
@@ -457,21 +457,20 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
     return Decision("ignore", why, considered=tuple(considered))
 
 
-def _restore_resolved(event: EventView, job: JobView, policy: Policy) -> Candidate | None:
+def _restore_resolved(job: JobView, policy: Policy, ineffective: set[str]) -> Candidate | None:
     """The way back to the job's own split while the event waits for its pace to be confirmed back.
 
     The detector ends an event once the level took back most of its rise, and a split made for a straggler
     that has since recovered holds the job above its healthy pace by about that residue: the alert resolves
     with the pace not back, and the pace cannot come back while the split stays (nor the event close before
     its confirmation times out). The same rule as after the event (:func:`restore`): back when predicted
-    ``min_gain`` faster, unless that split was judged ineffective.
+    ``min_gain`` faster, unless that split is among the `ineffective` signatures.
     """
     if "rebalance" not in job.capabilities or job.default_microbatches is None:
         return None
     back = restore(job, job.default_microbatches, policy)
     if back is None:
         return None
-    ineffective = set(job.ineffective) | {a.key for a in event.actions if a.effective is False}
     if signature("rebalance", back.params) in ineffective:
         return None
     return replace(back, why=f"alert resolved with the event's split in place; {back.why}")
