@@ -1,7 +1,8 @@
 """Mitigation on the testbed, with the remediator deciding: FALCON's Fig. 13 and Fig. 14 for S2.
 
 Every row is one real closed loop (failslow_cli/stack/loop.py): a testbed job (gloo, one network namespace
-per node, every rank a device of speed 0.4 of a CPU), the exporter, Prometheus with the shipped rules, the
+per node, every rank a device of speed 0.4 of a CPU; CPU faults throttle in 10 ms CFS periods, see
+`failslow_cli.stack.loop.CPU_PERIOD_US`), the exporter, Prometheus with the shipped rules, the
 detector, Alertmanager and the remediator in auto mode with the testbed adapter. After 40 s of healthy
 training CPU quota faults slow one or more ranks; the detector opens an event, the remediator plans (pace
 model, exact S2 solver, ski-rental gate) and acts. Each row ends 50 s after the first action finished.

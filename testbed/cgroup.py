@@ -108,6 +108,10 @@ class CpuCgroup:
         self._write("cpu.cfs_period_us", period_us)
         self._write("cpu.cfs_quota_us", quota)
 
+    def set_period(self, period_us: int) -> None:
+        """Set the CFS period a quota set later is counted in (the quota, or no limit, stays)."""
+        self._write("cpu.cfs_period_us", period_us)
+
     def set_shares(self, shares: int) -> None:
         """CFS weight against sibling cgroups and root-level tasks (1024 = one ordinary process)."""
         self._write("cpu.shares", max(2, int(shares)))

@@ -46,8 +46,8 @@ def add_job_arguments(p: argparse.ArgumentParser) -> None:
                         "a device of its own); cpu faults then lower one rank's cap (their quota must be "
                         "below CPUS). Default: uncapped")
     c.add_argument("--cpu-period-us", type=int, default=100_000, metavar="US",
-                   help="CFS period of the rank cgroups for the cap and cpu faults (default 100000; 10000 "
-                        "throttles in finer steps)")
+                   help="CFS period of the rank cgroups for the cap and cpu faults, capped or not (default "
+                        "100000; 10000 throttles in finer steps)")
     c.add_argument("--pin-cpus", action="store_true",
                    help="bind each rank's threads to one CPU (rank modulo the usable CPUs): a capped rank's "
                         "quota overrun then stays on its CPU, which keeps its share steadier")

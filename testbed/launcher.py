@@ -509,8 +509,11 @@ class Testbed:
         for rank, proc in self.procs.items():
             cg = self._rank_cgroups.get(rank) or job.child(f"r{rank}")
             self._rank_cgroups[rank] = cg
-            if cap is not None and cg.quota() is None:  # a restart keeps a cap (or a fault's quota) in place
-                cg.set_quota(cap, period_us=self.config.cpu_period_us)
+            if cg.quota() is None:  # a restart keeps a cap (or a fault's quota) in place
+                if cap is not None:
+                    cg.set_quota(cap, period_us=self.config.cpu_period_us)
+                else:  # a CPU fault sets its quota at the cgroup's period
+                    cg.set_period(self.config.cpu_period_us)
             with contextlib.suppress(Exception):
                 cg.add(proc.pid)
 

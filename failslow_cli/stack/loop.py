@@ -48,6 +48,12 @@ PROGRESS = re.compile(r"^rank\s+(\d+)\s+it\s+(\d+)\s+([\d.]+) ms")
 # device emulation): rank 1 computes 3.3x slower, its DP replica paces the job, and moving micro-batches to
 # the other replica pays off (a GC-like pause per iteration would not: it does not shrink with the split).
 DEFAULT_FAULT = "cpu:rank=1,quota=0.12"
+# CFS period of the ranks' cgroups, which CPU faults set their quota in. At the kernel's 100 ms a throttled
+# rank that idles while its peers catch up runs its next burst at full speed until the period's quota is
+# spent, so its time per micro-batch depends on how busy a split keeps it (fewer micro-batches read faster
+# each); at 10 ms the quota binds within one micro-batch's compute and the rank is a device uniformly slower,
+# as a throttled GPU is.
+CPU_PERIOD_US = 10_000
 # The cooldown covers what the exporter needs to show a new split: ~10-18 iterations to lock onto the new
 # period, then its 20-iteration window (about 40 s at 1 s per iteration).
 DEFAULT_POLICY = {"cooldown_s": 45.0, "horizon_min_s": 60.0}
@@ -211,7 +217,7 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
              warmup_s: float = 40.0,
              fault_s: float = 150.0, max_s: float = 600.0, mode: str = "auto", micro_batches: int = 4,
              micro_batch_size: int | None = None,
-             device_speed: float | None = 0.4, poll_s: float = 5.0, policy: dict[str, Any] | None = None,
+             device_speed: float | None = 0.4, cpu_period_us: int = CPU_PERIOD_US, poll_s: float = 5.0, policy: dict[str, Any] | None = None,
              costs: dict[str, Any] | None = None, iterations: int = 100_000, spare_nodes: int = 0,
              stop_when: Callable[[LoopState], bool] | None = None,
              on_tick: Callable[[LoopState], None] | None = None,
@@ -223,7 +229,8 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
     job's own split back, or 60 s passed since the close) or `max_s`.
 
     `on_tick(state)` is called every second (the demo's live view). `micro_batches` per DP replica of
-    `micro_batch_size` sequences each (None: the testbed's default size).
+    `micro_batch_size` sequences each (None: the testbed's default size). CPU faults throttle in CFS periods
+    of `cpu_period_us` (see `CPU_PERIOD_US`).
     """
     job = f"loop{os.getpid()}"
     token = secrets.token_hex(16)
@@ -278,7 +285,7 @@ def run_loop(tmp: Path, *, dp: int = 2, pp: int = 2, fault: str | Sequence[str] 
         argv = [*cli, "testbed", "run", "--dp", str(dp), "--pp", str(pp), "--iterations", str(iterations),
                 "--micro-batches", str(micro_batches), "--torch-hook", "--ring-dir", str(rings), "--job", job,
                 "--run-dir", str(run_dir), *(x for sp in specs for x in ("--inject", sp)),
-                "--report", str(tmp / "report.json"), "--progress"]
+                "--report", str(tmp / "report.json"), "--progress", "--cpu-period-us", str(cpu_period_us)]
         if device_speed is not None:
             argv += ["--device-speed", f"{device_speed:g}"]
         if micro_batch_size is not None:

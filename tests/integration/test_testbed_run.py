@@ -90,7 +90,7 @@ def test_cpu_and_link_faults_at_run_time(tmp_path: Path) -> None:
     """Python API: inject a CPU fault, then a link fault, mid-run; both really act and slow their iterations."""
     # a higher job CPU weight than the default 2, as in the benchmark: when neighbours saturate the
     # machine a starved rank gets little more than the quota anyway, and the CPU fault shows nothing
-    cfg = JobConfig(dp=2, pp=2, iterations=18, micro_batches=4, cpu_weight=8.0)
+    cfg = JobConfig(dp=2, pp=2, iterations=18, micro_batches=4, cpu_weight=8.0, cpu_period_us=10_000)
     observed: dict[str, Any] = {}
     with Testbed(cfg, run_dir=tmp_path / "run") as tb:
         tb.start()
@@ -100,6 +100,7 @@ def test_cpu_and_link_faults_at_run_time(tmp_path: Path) -> None:
         cg = tb.rank_cgroup(3)
         assert cg is not None
         observed["quota_on"], observed["pids"] = cg.quota(), cg.pids()
+        observed["period"] = cg.period_us()  # uncapped: the fault's quota counts in the job's period
         run_until(tb, tb.completed() + 3)
         tb.remove(cpu)
         observed["quota_off"] = cg.quota()
@@ -114,6 +115,7 @@ def test_cpu_and_link_faults_at_run_time(tmp_path: Path) -> None:
         rep = tb.wait()
     _nothing_left(rep["prefix"])
     assert observed["quota_on"] == 0.1 and observed["quota_off"] is None and rank3_pid in observed["pids"]
+    assert observed["period"] == 10_000
     assert all("tbf" in q and "20Mbit" in q for q in observed["qdisc_on"]), observed["qdisc_on"]
     assert not any("tbf" in q for q in observed["qdisc_off"])
     cpu_ep, link_ep = rep["faults"]
