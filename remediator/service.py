@@ -205,7 +205,9 @@ def topology_options(job: str, info: JobInfo, suspects: tuple[Suspect, ...], mod
               pace: float | None, validated: dict[str, Any] | None = None,
               healthy: float | None = None, rebalance: bool = False,
               known_paths: Sequence[Sequence[Any]] = (),
-              healthy_counts: Sequence[int] | None = None) -> tuple[TopologyOption, ...]:
+              healthy_counts: Sequence[int] | None = None,
+              stage_s: Sequence[float] | None = None,
+              overhead_s: float | None = None) -> tuple[TopologyOption, ...]:
     """S3 placements for the planner: the suspects' slowness scored by the topology planner (empty when the
     job's shape is unknown, nothing is suspected, or the plan refused).
 
@@ -219,7 +221,9 @@ def topology_options(job: str, info: JobInfo, suspects: tuple[Suspect, ...], mod
     `rebalance` (the adapter can also set the split) every placement is scored under its own best micro-batch
     split, which the topology action then applies: slow GPUs gathered into one replica pay only that way.
     `known_paths` are slow paths earlier validations of the job measured (:func:`remember_paths`): a move made
-    for this event must not put traffic back onto them.
+    for this event must not put traffic back onto them. `stage_s` and `overhead_s` are the job's own healthy
+    seconds per micro-batch of each stage and fixed part (the pace model's healthy calibration): they replace
+    the planner's default compute shape (see :func:`placement_params`).
     """
     if validated is not None:
         suspects = (*(s for s in suspects if s.kind != "link"),
@@ -238,7 +242,7 @@ def topology_options(job: str, info: JobInfo, suspects: tuple[Suspect, ...], mod
                 slow_links[key] = min(float(share), slow_links.get(key, 1.0))
         if not slow_ranks and not slow_links:
             return ()
-        params = placement_params(info, validated)
+        params = placement_params(info, validated, stage_s, overhead_s)
         plan = plan_topology(layout, info.placement, slow_ranks=slow_ranks, slow_links=slow_links, params=params,
                              iteration_s=pace, healthy_s=healthy, rebalance=rebalance and bool(info.microbatches),
                              healthy_counts=healthy_counts)
@@ -282,10 +286,20 @@ def standing_suspects(suspects: tuple[Suspect, ...], ev: dict[str, Any], verdict
     return tuple(s for s in suspects if not (s.kind == "compute" and s.rank in cleared))
 
 
-def placement_params(info: JobInfo, validated: dict[str, Any] | None) -> PlacementParams:
-    """The S3 planner's traffic model for this job: its micro-batch split, the bytes it moves (when the adapter
-    knows them) and the link bandwidth a validation measured on the healthy links; the defaults otherwise."""
+def placement_params(info: JobInfo, validated: dict[str, Any] | None, stage_s: Sequence[float] | None = None,
+                     overhead_s: float | None = None) -> PlacementParams:
+    """The S3 planner's traffic and time model for this job: its micro-batch split, the bytes it moves (when
+    the adapter knows them), the link bandwidth a validation measured on the healthy links, and the compute
+    shape measured on the healthy job: `stage_s` (seconds per micro-batch of each stage, one per stage) as the
+    stages' compute with no edge-stage weight (the measurement holds what the first and last stage add) and
+    `overhead_s` as the fixed part; the defaults otherwise. The planner still fits one scale to the pace."""
     kw: dict[str, Any] = {}
+    pp = int((info.layout or {}).get("pp") or 0)
+    if stage_s is not None and pp and len(stage_s) == pp and all(
+            isinstance(x, int | float) and x > 0 and math.isfinite(x) for x in stage_s):
+        kw["compute_s"], kw["edge_stage_weight"] = tuple(float(x) for x in stage_s), 1.0
+        if overhead_s is not None and overhead_s >= 0 and math.isfinite(overhead_s):
+            kw["overhead_s"] = float(overhead_s)
     if info.microbatches:
         kw["microbatches"] = tuple(int(m) for m in info.microbatches)
     for key in ("grad_bytes", "p2p_bytes", "tp_bytes"):
@@ -613,7 +627,8 @@ class Remediator:
             view = replace(view, topology=await asyncio.to_thread(
                 topology_options, job, info, found, model, pace, validated=ev.get("validated_links"),
                 healthy=healthy, rebalance="rebalance" in view.capabilities,
-                known_paths=memory.get("slow_paths") or (), healthy_counts=view.default_microbatches))
+                known_paths=memory.get("slow_paths") or (), healthy_counts=view.default_microbatches,
+                stage_s=floor, overhead_s=f0))
         return view, upd, await self._costs(adapter, info), actions, adapter
 
     async def _healthy_calibration(self, job: str, onset: float, window: tuple[float, float] | None,

@@ -131,3 +131,37 @@ def test_a_later_move_keeps_traffic_off_a_path_an_earlier_validation_found_slow(
     assert blind and frozenset((0, 1)) in pairs(blind[0].placement)  # what a planner that forgot would do
     for opt in topology_options("j", info, sus, None, 2.0, None, 1.0, rebalance=True, known_paths=known):
         assert frozenset((0, 1)) not in pairs(opt.placement), opt
+
+
+def test_the_jobs_measured_stage_times_shape_the_placement_model() -> None:
+    from remediator.service import placement_params
+
+    # DP2xPP3, one rank per node (rank = stage * 2 + replica); stage 0 computes twice as long per micro-batch
+    # as the others (embedding and data on the testbed). GPUs on nodes 1 (stage 0) and 2 (stage 1) are slow.
+    info = JobInfo(layout={"dp": 2, "pp": 3, "tp": 1, "ranks_per_node": 1}, placement=list(range(6)),
+                   nodes=[f"node{i}" for i in range(6)], microbatches=[4, 4],
+                   traffic={"grad_bytes": [3.0e6, 2.0e6, 3.0e6], "p2p_bytes": 196608})
+    found = {"nodes": [], "paths": [], "link_bw_Bps": 2.0e9}
+    stages = [0.08, 0.04, 0.045]
+    p = placement_params(info, found, stages, 0.01)
+    assert p.compute_s == (0.08, 0.04, 0.045) and p.edge_stage_weight == 1.0 and p.overhead_s == 0.01
+    # a shape of another depth, or a reading that is not a time, leaves the defaults
+    for bad in ([0.08, 0.04], [0.08, 0.0, 0.045], [0.08, float("nan"), 0.045]):
+        q = placement_params(info, found, bad, 0.01)
+        assert q.compute_s == 0.1 and q.edge_stage_weight == 1.1 and q.overhead_s == 0.05, bad
+    sus = (Suspect("compute", 1), Suspect("compute", 2))
+
+    def slow_stages(opt: object) -> list[int]:
+        sigma = opt.placement  # type: ignore[attr-defined]
+        return sorted(r // 2 for r in range(6) if sigma[r] in (1, 2))  # stages of the ranks on the slow nodes
+
+    shaped = topology_options("j", info, sus, None, 0.75, found, 0.36, rebalance=True, stage_s=stages,
+                              overhead_s=0.0)
+    assert shaped and slow_stages(shaped[0]) == [1, 2], shaped[0]  # the slow GPUs take the light stages
+    # priced with stage 0's weight: the healthy replica's pipeline of its share of the 8 micro-batches, scaled
+    # as the healthy job (4 each: 3 x 0.08 + 0.165 = 0.405 s against 0.36 s) is the least it can take
+    m = max(shaped[0].counts or (4, 4))
+    assert shaped[0].predicted_s >= 0.36 / 0.405 * ((m - 1) * 0.08 + 0.165) - 1e-9, shaped[0]
+    # the default shape (edge stages 1.1x the middle one) leaves a slow GPU on stage 0
+    default = topology_options("j", info, sus, None, 0.75, found, 0.36, rebalance=True)
+    assert default and 0 in slow_stages(default[0]), default[0]
