@@ -105,7 +105,7 @@ class CpuCgroup:
         if not cpus > 0:
             raise CgroupError(f"quota must be > 0 CPUs, got {cpus}")
         quota = max(1000, round(cpus * period_us))
-        self._write("cpu.cfs_period_us", period_us)
+        self.set_period(period_us)
         self._write("cpu.cfs_quota_us", quota)
 
     def set_period(self, period_us: int) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from failslow.plan.policy import Suspect
+from failslow.plan.policy import Suspect, TopologyOption
 from remediator.adapters.base import JobInfo
 from remediator.service import topology_options
 
@@ -151,8 +151,8 @@ def test_the_jobs_measured_stage_times_shape_the_placement_model() -> None:
         assert q.compute_s == 0.1 and q.edge_stage_weight == 1.1 and q.overhead_s == 0.05, bad
     sus = (Suspect("compute", 1), Suspect("compute", 2))
 
-    def slow_stages(opt: object) -> list[int]:
-        sigma = opt.placement  # type: ignore[attr-defined]
+    def slow_stages(opt: TopologyOption) -> list[int]:
+        sigma = opt.placement
         return sorted(r // 2 for r in range(6) if sigma[r] in (1, 2))  # stages of the ranks on the slow nodes
 
     shaped = topology_options("j", info, sus, None, 0.75, found, 0.36, rebalance=True, stage_s=stages,
