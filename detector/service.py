@@ -27,6 +27,7 @@ from detector.settings import Settings
 from detector.shard import Shard, job_regex
 from detector.store import RedisStore, StoreUnavailable, snapshot_name
 from failslow.detect import JobChange, JobEvent
+from failslow.detect.work import per_sample
 
 log = logging.getLogger("failslow.detector")
 
@@ -135,6 +136,7 @@ class Detector:
         else:
             values_full = {}
         ts_of = {(s.labels.get("job", ""), s.labels.get("rank", "")): s.value for s in stamps}
+        work = self._samples_per_iteration()
         samples: dict[Key, float] = {}
         labels: dict[Key, dict[str, str]] = {}
         fresh: list[float] = []
@@ -150,13 +152,21 @@ class Detector:
             self._last_ts[key] = stamp
             if new:
                 self._new.append(key)
-            samples[key] = s.value if new and s.value > 0 and math.isfinite(s.value) else math.nan
+            v = s.value if key[0] not in work else per_sample(s.value, work[key[0]])
+            samples[key] = v if new and v > 0 and math.isfinite(v) else math.nan
             if new and stamp == stamp:
                 fresh.append(stamp)
             if key not in self.engine.labels:
                 full = values_full.get(key, s.labels)
                 labels[key] = {k: v for k, v in full.items() if k != "__name__"}
         return samples, labels, (float(sorted(fresh)[len(fresh) // 2]) if fresh else None)
+
+    def _samples_per_iteration(self) -> dict[str, float]:
+        """The samples per iteration each job publishes (`Settings.samples_metric`), by job."""
+        if not self.settings.samples_metric:
+            return {}
+        return {j: s.value for s in self.prom.query(f"max by (job) ({self.settings.samples_metric})")
+                if (j := s.labels.get("job", ""))}
 
     def poll_once(self) -> bool:
         """One poll; returns whether it succeeded."""

@@ -20,6 +20,9 @@ class Settings(BaseSettings):
         poll_interval_s: Seconds between polls of Prometheus (one sample per rank per poll).
         query_timeout_s: Timeout of one Prometheus or Redis request.
         metric: The per-rank iteration-time series to watch.
+        samples_metric: A per-job gauge of samples per iteration (global batch size); a job that publishes
+            it is watched in seconds per sample, so a batch-size ramp-up is not a slowdown
+            (`failslow.detect.work`). Empty: never.
         method: Detection method (bocd-v, bocd, window).
         threshold: Relative rise that opens an event (and the verification threshold of bocd-v).
         quorum: Fraction of a job's ranks whose detector must see the slowdown to open the job's event.
@@ -45,6 +48,7 @@ class Settings(BaseSettings):
     poll_interval_s: float = Field(15.0, gt=0)
     query_timeout_s: float = Field(10.0, gt=0)
     metric: str = "failslow_iteration_duration_seconds"
+    samples_metric: str = "failslow_iteration_samples"
     method: str = "bocd-v"
     threshold: float = Field(0.10, gt=0, lt=10)
     quorum: float = Field(0.5, gt=0, le=1)

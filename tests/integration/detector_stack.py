@@ -28,6 +28,8 @@ class FakeJob:
     ``slow_rank`` makes that rank compute ``factor`` times longer (its DP peer waits inside the all-reduce);
     ``slow_node`` makes every communicator spanning that node transfer ``factor`` times slower;
     ``slow_stage`` makes every rank of that pipeline stage compute ``factor`` times longer.
+    ``work`` scales every iteration (a batch-size ramp's stair: more samples per iteration); ``samples``,
+    when set, is published as the job's ``failslow_iteration_samples`` gauge.
     """
 
     job: str = "train"
@@ -39,6 +41,8 @@ class FakeJob:
     slow_stage: int | None = None
     factor: float = 1.5
     comm_metrics: bool = True
+    work: float = 1.0
+    samples: int | None = None
     tick: int = 0
     counts: dict[tuple[int, str], float] = field(default_factory=dict)
     sums: dict[tuple[int, str], float] = field(default_factory=dict)
@@ -76,7 +80,7 @@ class FakeJob:
         link_extra = 0.3 * (self.factor - 1) if self.slow_node is not None else 0.0
         # Swap whole dicts: the HTTP thread may be reading the previous ones.
         self._compute = compute
-        self._iter = {r: (slowest + 0.2 + link_extra) * self.base * jitter for r in range(self.world)}
+        self._iter = {r: (slowest + 0.2 + link_extra) * self.base * self.work * jitter for r in range(self.world)}
 
     def collect(self) -> Iterable[object]:
         lab = ["job", "rank", "dp_rank", "pp_rank", "tp_rank", "node"]
@@ -89,6 +93,10 @@ class FakeJob:
             cs.add_metric(labels, self._compute[r])
         yield it
         yield cs
+        if self.samples is not None:
+            fam = GaugeMetricFamily("failslow_iteration_samples", "samples per iteration", labels=["job"])
+            fam.add_metric([self.job], float(self.samples))
+            yield fam
         if not self.comm_metrics:
             return
         summ = SummaryMetricFamily("failslow_comm_call_duration_seconds", "calls",

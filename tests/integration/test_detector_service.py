@@ -348,3 +348,32 @@ def test_a_slow_stage_is_exported_rank_by_rank_within_the_limit() -> None:
                                                                 ("compute", "6", "n6"), ("link", "", "n0")]
     assert all(s["evidence"]["stage"] == 2 for s in out[:3])
     assert len(suspects(a, {0: "n0"}, 2, nodes)) == 2
+
+
+def test_a_batch_size_stair_is_no_slowdown_when_the_job_publishes_its_samples(stack) -> None:
+    """A stair of a batch-size ramp-up: the job's iterations take twice as long for twice the samples. A
+    detector that reads the job's ``failslow_iteration_samples`` (the default) sees seconds per sample and
+    opens nothing; one told to ignore it (``samples_metric=""``), on the same Prometheus, opens an event at
+    the stair. A slow rank afterwards is still a slowdown for the first."""
+    job, _ep, prom, red = stack
+    job.samples = 32
+    per_sample = build(_settings(prom, red, redis_prefix="t:samples"), CollectorRegistry())
+    per_iter = build(_settings(prom, red, redis_prefix="t:iter", samples_metric=""), CollectorRegistry())
+
+    def poll_both(n: int) -> None:
+        for _ in range(n):
+            time.sleep(SCRAPE * 1.1)
+            per_sample.poll_once()
+            per_iter.poll_once()
+
+    _wait_for_samples(per_sample)
+    _wait_for_samples(per_iter)
+    poll_both(15)
+    job.samples, job.work = 64, 2.0  # one scrape: the gauge and the iteration time change together
+    poll_both(40)
+    assert _value(per_iter, "failslow_detector_failslow", job="train") == 1.0  # the stair alone alarms
+    assert _value(per_sample, "failslow_detector_failslow", job="train") == 0.0
+    assert _value(per_sample, "failslow_detector_events_total", job="train") in (None, 0.0)
+    job.slow_rank = 3
+    polls = _poll(per_sample, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 1.0)
+    assert _value(per_sample, "failslow_detector_failslow", job="train") == 1.0, f"not detected in {polls} polls"
