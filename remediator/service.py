@@ -33,7 +33,15 @@ from dataclasses import replace
 from typing import Any
 
 from failslow.errors import InputError
-from failslow.plan.pace import PaceModel, RankCompute, fit, healthy_stages, overhead
+from failslow.plan.pace import (
+    SLOW_CELL_MULTIPLE,
+    PaceModel,
+    RankCompute,
+    fit,
+    healthy_stages,
+    overhead,
+    slow_ranks,
+)
 from failslow.plan.placement import PlacementParams, plan_topology, suspect_slowness
 from failslow.plan.policy import (
     IN_FLIGHT,
@@ -98,6 +106,15 @@ def named_suspects(suspects: tuple[Suspect, ...], nodes: Sequence[str]) -> tuple
             node = nodes[int(node)]
         out.append(s if node == s.node else replace(s, node=node))
     return tuple(out)
+
+
+def with_slow_ranks(suspects: tuple[Suspect, ...], slow: Sequence[dict[str, Any]]) -> tuple[Suspect, ...]:
+    """The detector's suspects and the ranks whose own compute shows them slow (the event's ``pace_suspects``,
+    `failslow.plan.pace.slow_ranks`) that it did not name: a straggler behind a slower one in its replica
+    leaves the replica's pace, all the detector judges ranks by, unchanged. Validation then benchmarks them
+    like any suspect (a named rank it did not measure leaves no verdict standing)."""
+    named = {s.rank for s in suspects if s.kind == "compute"}
+    return (*suspects, *(s for s in _suspects(list(slow)) if s.rank not in named))
 
 
 HEALTHY_WINDOW_S = 120.0   # the healthy pace: this long before the onset ...
@@ -604,9 +621,16 @@ class Remediator:
         if pace is not None and info is not None and info.microbatches and obs is not None and obs.ranks:
             ranks = obs.computes
             stages = 1 + max(r.pp for r in ranks)
+            floor_here = floor if floor and len(floor) == stages else None
             try:  # a floor measured with another pipeline depth does not apply
-                model = fit(ranks, info.microbatches, pace, f0, impute=True,
-                            floor=floor if floor and len(floor) == stages else None)
+                model = fit(ranks, info.microbatches, pace, f0, impute=True, floor=floor_here)
+                node_of = {r.rank: r.node for r in obs.ranks}
+                upd["pace_suspects"] = [{"kind": "compute", "rank": r, "node": node_of.get(r, "")}
+                                        for r in slow_ranks(ranks, info.microbatches, floor_here or ())]
+                named = {x.get("rank") for x in ev.get("suspects") or [] if x.get("kind") == "compute"}
+                if unnamed := [x["rank"] for x in upd["pace_suspects"] if x["rank"] not in named]:
+                    log.info("job %s: ranks %s compute >= %.1fx their stage's healthy time and are suspects too",
+                             job, unnamed, SLOW_CELL_MULTIPLE)
             except InputError as exc:
                 log.info("job %s: no pace model: %s", job, exc)
         inef = frozenset(s for s, until in (memory.get("ineffective") or {}).items() if until > now)
@@ -624,6 +648,7 @@ class Remediator:
         )
         if adapter is not None and info is not None and "topology" in view.capabilities:
             found = named_suspects(_suspects(ev.get("suspects") or []) if suspects is None else suspects, info.nodes)
+            found = named_suspects(with_slow_ranks(found, upd.get("pace_suspects") or []), info.nodes)
             view = replace(view, topology=await asyncio.to_thread(
                 topology_options, job, info, found, model, pace, validated=ev.get("validated_links"),
                 healthy=healthy, rebalance="rebalance" in view.capabilities,
@@ -675,7 +700,8 @@ class Remediator:
             if fresh is not None and any(fresh.get(k) != ev.get(k) for k in ("validated", "validated_links")):
                 self.kick(job)
                 return Decision("ignore", "a validation's verdict landed during planning: planning again", wait=True)
-        suspects = named_suspects(_suspects(ev.get("suspects") or []), view.nodes)
+        suspects = named_suspects(with_slow_ranks(_suspects(ev.get("suspects") or []), upd.get("pace_suspects") or []),
+                                  view.nodes)
         verdict = verdict_for(ev.get("validated"), ev.get("validated_targets"), suspects)
         ev_view = EventView(job=job, onset_ts=float(upd.get("onset", ev["onset"])), firing=bool(ev.get("firing")),
                             suspects=standing_suspects(suspects, ev, verdict), lost_s=float(upd["lost_s"]), validated=verdict,

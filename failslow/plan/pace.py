@@ -195,3 +195,31 @@ def healthy_stages(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[
     """
     per_mb = fit(healthy_ranks, microbatches, 1.0).per_mb
     return tuple(float(x) for x in np.median(per_mb, axis=0))
+
+
+#: A rank computing this many times its stage's healthy time per micro-batch is slow whether or not the
+#: detector named it. Healthy cells read about 1x (faster when they wait for a straggler, see the module
+#: docstring); the testbed's weakest CPU fault reads 1.33x, so 1.5x is above every healthy reading and
+#: below the faults that hide (the hidden rank of a DP2xPP3 consolidation run read 2.1x).
+SLOW_CELL_MULTIPLE = 1.5
+
+
+def slow_ranks(ranks: Sequence[RankCompute], microbatches: Sequence[int], floor: Sequence[float],
+               multiple: float = SLOW_CELL_MULTIPLE) -> tuple[int, ...]:
+    """Ranks whose compute per micro-batch is at least `multiple` times their stage's healthy time (`floor`,
+    :func:`healthy_stages`), in rank order.
+
+    Why: the detector names the ranks whose *iteration* pace changed against their peers; a straggler behind
+    another, slower one in the same DP replica changes nothing the replica's pace shows, and goes unnamed
+    until the first one is gone. Its own compute time shows it. A rank outside the split or of a stage the
+    floor does not cover is left out (no reference to judge it by).
+    """
+    m = _counts(microbatches, len(microbatches))
+    out = []
+    for r in ranks:
+        if not (0 <= r.dp < m.shape[0] and 0 <= r.pp < len(floor)) or not (floor[r.pp] > 0):
+            continue
+        per_mb = r.compute_s / m[r.dp]
+        if math.isfinite(per_mb) and per_mb >= multiple * floor[r.pp]:
+            out.append(r.rank)
+    return tuple(sorted(out))

@@ -7,7 +7,7 @@ import pytest
 
 from failslow.errors import InputError
 from failslow.plan.microbatch import rebalance
-from failslow.plan.pace import RankCompute, fit, healthy_stages, overhead
+from failslow.plan.pace import RankCompute, fit, healthy_stages, overhead, slow_ranks
 
 
 def _ranks(per_mb: np.ndarray, counts: list[int], tp: int = 1) -> list[RankCompute]:
@@ -117,3 +117,20 @@ def test_the_healthy_overhead_is_not_taken_from_a_replica_already_reading_the_fa
 def test_bad_input_is_refused(ranks, counts, T, words) -> None:
     with pytest.raises(InputError, match=words):
         fit(ranks, counts, T)
+
+
+def test_a_straggler_hidden_behind_a_slower_one_shows_in_its_own_compute() -> None:
+    """DP2xPP3 as a consolidation run read it (4 micro-batches per replica): rank 1 (replica 1, stage 0) at
+    0.180 s per micro-batch paces replica 1, so rank 5 (replica 1, stage 2) at 0.094 s changes no pace the
+    detector sees; against stage 2's healthy 0.045 s it is 2.1x. The other cells, waiting for rank 1, read
+    at or under their healthy time."""
+    healthy = [0.080, 0.041, 0.045]
+    per_mb = {0: 0.079, 1: 0.180, 2: 0.040, 3: 0.041, 4: 0.044, 5: 0.094}
+    ranks = [RankCompute(r, r % 2, r // 2, 4 * t) for r, t in per_mb.items()]
+    assert slow_ranks(ranks, [4, 4], healthy) == (1, 5)
+    assert slow_ranks(ranks, [4, 4], healthy, multiple=2.5) == ()
+    # per micro-batch: the same compute over twice the micro-batches is not slow
+    assert slow_ranks(ranks, [8, 8], healthy) == ()
+    # a stage the floor does not cover, or a floor of 0, judges nobody
+    assert slow_ranks(ranks, [4, 4], healthy[:2]) == (1,)
+    assert slow_ranks(ranks, [4, 4], [0.0, 0.0, 0.0]) == ()

@@ -165,3 +165,12 @@ def test_the_jobs_measured_stage_times_shape_the_placement_model() -> None:
     # the default shape (edge stages 1.1x the middle one) leaves a slow GPU on stage 0
     default = topology_options("j", info, sus, None, 0.75, found, 0.36, rebalance=True)
     assert default and 0 in slow_stages(default[0]), default[0]
+
+
+def test_ranks_slow_by_their_own_compute_join_the_detectors_suspects_once() -> None:
+    from remediator.service import with_slow_ranks
+
+    named = (Suspect("compute", 1, "node1"), Suspect("link", None, "node0"))
+    pace = [{"kind": "compute", "rank": 1, "node": "node1"}, {"kind": "compute", "rank": 5, "node": "node5"}]
+    assert with_slow_ranks(named, pace) == (*named, Suspect("compute", 5, "node5"))
+    assert with_slow_ranks(named, []) == named
