@@ -5,7 +5,8 @@ Run on a machine with an NVIDIA GPU and PyTorch built for CUDA (one GPU is enoug
     python3 scripts/gpu_check.py --out /tmp/gpu_check
 
 It builds the shim, runs a small data-parallel-style training job under it (NCCL, world size 1: NCCL refuses
-two ranks on one GPU) with a healthy phase and a phase with twice the compute per iteration, and meanwhile:
+two ranks on one GPU) with a healthy phase and a slow phase (twice the compute per iteration, or with
+``--fault contention`` another process's matrix products on the same GPU), and meanwhile:
 
 * serves the exporter on the job's ring and NVML, and keeps one scrape from each phase;
 * turns the shim's PROFILE bit on for a stretch of the healthy phase (CUDA-event GPU times);
@@ -70,7 +71,7 @@ def job(args: argparse.Namespace) -> None:
     def step(it: int) -> None:
         # the "throttled GPU" phase: the compute of every step twice (two accumulated micro-batches), the
         # communication unchanged
-        for _ in range(2 if it >= args.healthy_iters else 1):
+        for _ in range(2 if it >= args.healthy_iters and args.fault == "compute" else 1):
             h = x
             for m in layers:
                 h = torch.relu(m(h))
@@ -127,6 +128,7 @@ class Check:
     def __init__(self, out: Path) -> None:
         self.out = out
         self.res: dict[str, Any] = {}
+        self.hog: subprocess.Popen[bytes] | None = None
 
     def log(self, *a: Any) -> None:
         line = " ".join(str(x) for x in a)
@@ -221,7 +223,7 @@ def run_job(c: Check, args: argparse.Namespace) -> dict[str, Any]:
            "--backend", args.backend, "--layers", str(args.layers), "--width", str(args.width),
            "--batch", str(args.batch), "--healthy-iters", str(args.healthy_iters), "--slow-iters",
            str(args.slow_iters), "--profile-at", str(args.profile_at), "--profile-steps", str(args.profile_steps),
-           "--host-gap-s", str(args.host_gap_s)]
+           "--host-gap-s", str(args.host_gap_s), "--fault", args.fault]
     c.log("$", " ".join(cmd))
     t_start = time.monotonic()
     jp = subprocess.Popen(cmd, env=env, stdout=job_log, stderr=subprocess.STDOUT)
@@ -261,6 +263,9 @@ def run_job(c: Check, args: argparse.Namespace) -> dict[str, Any]:
             m = scrape(port)
             (c.out / "metrics_healthy.prom").write_text(m)
             out["healthy_scrape_at"] = it_now()
+        if args.fault == "contention" and wait_for(h, 240):
+            c.hog = subprocess.Popen([sys.executable, "-c", HOG], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            out["contention_from"] = it_now()
         if wait_for(h + s - args.scrape_before, 480):
             m = scrape(port)
             (c.out / "metrics_slow.prom").write_text(m)
@@ -340,8 +345,11 @@ def period_checks(c: Check) -> dict[str, Any]:
 
 
 def gemm(c: Check) -> dict[str, Any]:
+    """The validation GEMM on the GPU, three times (with ``--fault contention``: while the other process
+    still runs, judged against the same benchmark before the job as the healthy peer)."""
     import torch
 
+    from failslow.plan.validate import compute_verdict
     from testbed.validation import CUDA_GEMM_REPS, CUDA_GEMM_SIZE, Gemm
 
     if not torch.cuda.is_available():
@@ -351,7 +359,25 @@ def gemm(c: Check) -> dict[str, Any]:
     for _ in range(3):
         g.timed(CUDA_GEMM_REPS)
         runs.append(g.result())
-    return {"runs": runs}
+    out: dict[str, Any] = {"runs": runs}
+    before = c.res.get("gemm_before", {}).get("runs")
+    if before and c.hog is not None:
+        v = compute_verdict({1: runs[-1]["gflops"]}, {0: before[-1]["gflops"]}, metric="gflops")
+        out["verdict_vs_before"] = {"confirmed": list(v.confirmed), "ratio": runs[-1]["gflops"] / before[-1]["gflops"]}
+    return out
+
+
+#: Another process's bf16 matrix products on the same GPU, until it is killed: contention for the device,
+#: one real cause of a GPU straggler.
+HOG = """
+import torch
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+while True:
+    for _ in range(20):
+        c = a @ b
+    torch.cuda.synchronize()
+"""
 
 
 def main() -> None:
@@ -371,6 +397,9 @@ def main() -> None:
     ap.add_argument("--profile-on", type=int, nargs=2, default=(300, 400),
                     help="iterations between which the shim's PROFILE bit is on")
     ap.add_argument("--host-gap-s", type=float, default=0.02)
+    ap.add_argument("--fault", choices=("compute", "contention"), default="compute",
+                    help="the slow phase: the job's compute twice (default), or another process's matrix "
+                         "products on the same GPU")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -382,9 +411,14 @@ def main() -> None:
     c.step("env", lambda: env_info(c))
     if args.backend == "nccl":
         c.step("shim", lambda: build_shim(c))
+    if args.fault == "contention":
+        c.step("gemm_before", lambda: gemm(c))
     c.step("job", lambda: run_job(c, args))
     c.step("period", lambda: period_checks(c))
     c.step("gemm", lambda: gemm(c))
+    if c.hog is not None:
+        c.hog.kill()
+        c.hog.wait()
     shutil.rmtree(out / "rings", ignore_errors=True)
     (out / "progress").unlink(missing_ok=True)
     c.log("done")

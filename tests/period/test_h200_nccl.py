@@ -3,14 +3,17 @@ trace of the same job, as `failslow period` and the detector service read them.
 
 Recorded with ``scripts/gpu_check.py`` (torch 2.11.0+cu130, NCCL 2.28.9, one H200; see docs/shim.md, "On a
 real GPU"). The job: 8 bf16 4096x4096 layers, forward and backward, one NCCL all-reduce per layer's gradient
-and one for the loss (9 calls per iteration), 20 ms of host time per step; iterations 0-599 healthy,
-600-1199 with twice the compute. NCCL refuses two ranks on one GPU, so the job runs at world size 1: the
-all-reduces launch no kernel, and the profiler trace's GPU timeline holds the GEMMs and no NCCL kernel.
+and one for the loss (9 calls per iteration), 20 ms of host time per step; iterations 0-599 healthy, then
+slow in two runs: ``compute`` (the default) does twice the compute from iteration 600; ``contention``
+(``--fault contention``) starts another process's bf16 matrix products on the same GPU at iteration 600,
+which reach the GPU at iteration 716 (its start-up) and slow the job 1.76x. NCCL refuses two ranks on one
+GPU, so the job runs at world size 1: the all-reduces launch no kernel, and the profiler trace's GPU
+timeline holds the GEMMs and no NCCL kernel.
 
-Fixtures (tests/period/data): ``gpu/h200_shim_dump.jsonl.gz`` (`failslow shim-dump` of the job's ring,
-10,802 records), ``gpu/h200_iterations.csv`` (the job's own step start and synchronised duration, CLOCK_MONOTONIC
-like the shim's records), ``profiler/h200_nccl_one_rank.json.gz`` (torch.profiler, CPU and CUDA activity, six
-steps at iteration 60).
+Fixtures (tests/period/data): ``gpu/h200[_contention]_shim_dump.jsonl.gz`` (`failslow shim-dump` of the
+job's ring, 10,802 records), ``gpu/h200[_contention]_iterations.csv`` (the job's own step start and
+synchronised duration, CLOCK_MONOTONIC like the shim's records), ``profiler/h200_nccl_one_rank.json.gz``
+(torch.profiler, CPU and CUDA activity, six steps at iteration 60 of the compute run).
 """
 
 from __future__ import annotations
@@ -29,19 +32,24 @@ from failslow.period.io import parse_calls
 from failslow.period.profiler_trace import compare_steps, read_profiler_trace
 
 DATA = Path(__file__).parent / "data"
-SLOW_FROM = 600  # the job's first iteration with twice the compute
+RUNS = {"compute": "h200", "contention": "h200_contention"}
 
 
-def _truth() -> tuple[np.ndarray, np.ndarray]:
-    rows = list(csv.DictReader((DATA / "gpu" / "h200_iterations.csv").open()))
+def _truth(run: str) -> tuple[np.ndarray, np.ndarray, int]:
+    """The job's step starts and durations, and its first slow iteration: 600 in the compute run; in the
+    contention run the first at 1.3x the healthy median or more (the other process's start-up delays it)."""
+    with (DATA / "gpu" / f"{RUNS[run]}_iterations.csv").open() as f:
+        rows = list(csv.DictReader(f))
     it = np.array([int(r["iteration"]) for r in rows])
     t0 = np.array([float(r["t_monotonic_s"]) for r in rows])
+    d = np.array([float(r["duration_s"]) for r in rows])
     assert (np.diff(it) == 1).all() and it[0] == 0
-    return it, t0
+    slow_from = 600 if run == "compute" else 600 + int(np.flatnonzero(d[600:] > 1.3 * np.median(d[100:590]))[0])
+    return t0, d, slow_from
 
 
-def _inferred() -> tuple[np.ndarray, np.ndarray, int]:
-    with gzip.open(DATA / "gpu" / "h200_shim_dump.jsonl.gz", "rt") as f:
+def _inferred(run: str = "compute") -> tuple[np.ndarray, np.ndarray, int]:
+    with gzip.open(DATA / "gpu" / f"{RUNS[run]}_shim_dump.jsonl.gz", "rt") as f:
         text = f.read()
     c = parse_calls(text)
     res = infer_iterations(c.t_start, c.op, c.comm, c.nbytes, c.peer)
@@ -50,26 +58,28 @@ def _inferred() -> tuple[np.ndarray, np.ndarray, int]:
     return res.iteration_s, res.iteration_end_t, res.period
 
 
-def test_the_real_nccl_call_stream_gives_the_jobs_iteration_times() -> None:
-    _, t0 = _truth()
-    s, end, period = _inferred()
+@pytest.mark.parametrize(("run", "factor"), [("compute", 1.47), ("contention", 1.76)])
+def test_the_real_nccl_call_stream_gives_the_jobs_iteration_times(run: str, factor: float) -> None:
+    t0, _, slow_from = _truth(run)
+    s, end, period = _inferred(run)
     assert period == 9
     truth = np.diff(t0)  # start to start: the job's iterations as a call stream sees them
     start = end - s
-    for lo, hi in ((100, 590), (SLOW_FROM + 100, 1190)):
+    for lo, hi in ((100, 590), (slow_from + 20, 1190)):
         inside = (start > t0[lo]) & (end < t0[hi])
         assert inside.sum() >= hi - lo - 5
         got, want = float(np.median(s[inside])), float(np.median(truth[lo:hi]))
-        assert got == pytest.approx(want, rel=0.01)  # measured: +0.05% healthy, +0.10% slow
-    assert float(np.median(truth[SLOW_FROM + 100:1190]) / np.median(truth[100:590])) == pytest.approx(1.47, abs=0.05)
+        assert got == pytest.approx(want, rel=0.01)  # measured: within 0.1%
+    assert float(np.median(truth[slow_from + 20:1190]) / np.median(truth[100:590])) == pytest.approx(factor, abs=0.05)
 
 
-def test_the_detector_opens_one_event_where_the_slow_phase_starts() -> None:
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_the_detector_opens_one_event_where_the_slow_phase_starts(run: str) -> None:
     """The service's engine, default settings, one poll per inferred iteration: no event in the healthy
-    600 (the profiled steps and the first iterations read up to 2x the pace), one at the slow phase."""
-    _, t0 = _truth()
-    s, end, _ = _inferred()
-    onset = int(np.searchsorted(end, t0[SLOW_FROM]))
+    stretch (the profiled steps and the first iterations read up to 2x the pace), one at the slowdown."""
+    t0, _, slow_from = _truth(run)
+    s, end, _ = _inferred(run)
+    onset = int(np.searchsorted(end, t0[slow_from]))
     st = Settings()
     engine = Engine(st.method, st.threshold, st.quorum, st.dtype)
     opened = []
