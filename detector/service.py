@@ -54,6 +54,7 @@ class Detector:
         self._shown: set[str] = set()
         self._fresh_at: dict[Key, float] = {}  # poll time of each series' last new sample
         self._job_seen: dict[str, float] = {}  # poll time a job last had a new sample
+        self._work: dict[str, float] = {}  # samples per iteration a job last published
         self._new: list[Key] = []
         self._forget: set[str] = set()  # dropped jobs whose Redis event is still to delete
         self._snapshot_due = False
@@ -162,11 +163,15 @@ class Detector:
         return samples, labels, (float(sorted(fresh)[len(fresh) // 2]) if fresh else None)
 
     def _samples_per_iteration(self) -> dict[str, float]:
-        """The samples per iteration each job publishes (`Settings.samples_metric`), by job."""
+        """The samples per iteration each job publishes (`Settings.samples_metric`), by job. A job keeps its
+        last value while the gauge is away (a textfile that did not parse, a scrape that missed it): its
+        series must not switch between seconds per sample and per iteration."""
         if not self.settings.samples_metric:
             return {}
-        return {j: s.value for s in self.prom.query(f"max by (job) ({self.settings.samples_metric})")
-                if (j := s.labels.get("job", ""))}
+        for s in self.prom.query(f"max by (job) ({self.settings.samples_metric})"):
+            if (j := s.labels.get("job", "")) and s.value > 0 and math.isfinite(s.value):
+                self._work[j] = s.value
+        return self._work
 
     def poll_once(self) -> bool:
         """One poll; returns whether it succeeded."""
@@ -235,6 +240,7 @@ class Detector:
             self._culprit_due.pop(job, None)
             self._shown.discard(job)
             self._job_seen.pop(job, None)
+            self._work.pop(job, None)
         if stale or dead:
             self._snapshot_due = True
 

@@ -354,7 +354,8 @@ def test_a_batch_size_stair_is_no_slowdown_when_the_job_publishes_its_samples(st
     """A stair of a batch-size ramp-up: the job's iterations take twice as long for twice the samples. A
     detector that reads the job's ``failslow_iteration_samples`` (the default) sees seconds per sample and
     opens nothing; one told to ignore it (``samples_metric=""``), on the same Prometheus, opens an event at
-    the stair. A slow rank afterwards is still a slowdown for the first."""
+    the stair. The first keeps the job's last value while the gauge is away, and a slow rank afterwards is
+    still a slowdown for it."""
     job, _ep, prom, red = stack
     job.samples = 32
     per_sample = build(_settings(prom, red, redis_prefix="t:samples"), CollectorRegistry())
@@ -374,6 +375,9 @@ def test_a_batch_size_stair_is_no_slowdown_when_the_job_publishes_its_samples(st
     assert _value(per_iter, "failslow_detector_failslow", job="train") == 1.0  # the stair alone alarms
     assert _value(per_sample, "failslow_detector_failslow", job="train") == 0.0
     assert _value(per_sample, "failslow_detector_events_total", job="train") in (None, 0.0)
+    job.samples = None  # the gauge goes away (a textfile that stopped parsing): the last value stands
+    poll_both(15)
+    assert _value(per_sample, "failslow_detector_failslow", job="train") == 0.0
     job.slow_rank = 3
     polls = _poll(per_sample, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 1.0)
     assert _value(per_sample, "failslow_detector_failslow", job="train") == 1.0, f"not detected in {polls} polls"
