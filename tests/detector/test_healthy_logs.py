@@ -18,9 +18,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from detector.engine import Engine
-from detector.settings import Settings
 from failslow.detect.work import parse_megatron_log
+from tests.detector.engine_replay import opened
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "healthy_logs"
 RUNS = sorted(DATA.glob("*.json"))
@@ -43,14 +42,7 @@ def _series(path: Path) -> np.ndarray:
 
 def _opened(seconds: np.ndarray) -> list[float]:
     """Onsets (sample index) of the job events the service's engine opens, default settings."""
-    s = Settings()
-    engine = Engine(s.method, s.threshold, s.quorum, s.dtype)
-    onsets = []
-    for t, v in enumerate(seconds):
-        for change in engine.step(float(t), {("job", "0"): float(v)}, sample_ts=float(t)):
-            if change.what == "opened":
-                onsets.append(change.event.onset_ts)
-    return onsets
+    return [onset for onset, _ in opened(seconds)]
 
 
 def test_the_collection_is_what_the_manifest_lists() -> None:

@@ -25,11 +25,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from detector.engine import Engine
-from detector.settings import Settings
 from failslow.period import CONFIDENCE_MIN, infer_iterations
 from failslow.period.io import parse_calls
 from failslow.period.profiler_trace import compare_steps, read_profiler_trace
+from tests.detector.engine_replay import opened
 
 DATA = Path(__file__).parent / "data"
 RUNS = {"compute": "h200", "contention": "h200_contention"}
@@ -80,15 +79,9 @@ def test_the_detector_opens_one_event_where_the_slow_phase_starts(run: str) -> N
     t0, _, slow_from = _truth(run)
     s, end, _ = _inferred(run)
     onset = int(np.searchsorted(end, t0[slow_from]))
-    st = Settings()
-    engine = Engine(st.method, st.threshold, st.quorum, st.dtype)
-    opened = []
-    for k, v in enumerate(s):
-        for change in engine.step(float(k), {("job", "0"): float(v)}, sample_ts=float(k)):
-            if change.what == "opened":
-                opened.append((change.event.onset_ts, k))
-    assert len(opened) == 1, opened
-    assert abs(opened[0][0] - onset) <= 2 and opened[0][1] - onset <= 10, (opened, onset)
+    events = opened(s)
+    assert len(events) == 1, events
+    assert abs(events[0][0] - onset) <= 2 and events[0][1] - onset <= 10, (events, onset)
 
 
 def test_the_h200_profiler_trace_takes_the_collectives_not_the_gemm_kernels() -> None:
