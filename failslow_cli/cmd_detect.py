@@ -46,16 +46,14 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--column and --all-columns are for CSV input, not a training log")
         log = parse_megatron_log(text)
         name, values = log.series()
-        doc = result_json(values, detect_series(values, args.method), args.method)
-        for cp in doc["change_points"]:
+        res = result_json(values, detect_series(values, args.method), args.method)
+        for cp in res["change_points"]:
             cp["iteration"] = int(log.steps[cp["index"]])
-        doc = {"series": name, **doc}
-        json.dump(doc, sys.stdout, allow_nan=False)
-        sys.stdout.write("\n")
-        return 0
-    series = parse_series_csv(text, args.column, args.all_columns)
-    out = {name: result_json(v, detect_series(v, args.method), args.method) for name, v in series.items()}
-    doc = {"series": out} if args.all_columns else next(iter(out.values()))
+        doc = {"series": name, **res}
+    else:
+        series = parse_series_csv(text, args.column, args.all_columns)
+        out = {name: result_json(v, detect_series(v, args.method), args.method) for name, v in series.items()}
+        doc = {"series": out} if args.all_columns else next(iter(out.values()))
     json.dump(doc, sys.stdout, allow_nan=False)
     sys.stdout.write("\n")
     return 0

@@ -647,8 +647,8 @@ class Remediator:
             actions_last_hour=await self.store.started_since(job, now - 3600.0),
         )
         if adapter is not None and info is not None and "topology" in view.capabilities:
-            found = named_suspects(_suspects(ev.get("suspects") or []) if suspects is None else suspects, info.nodes)
-            found = named_suspects(with_slow_ranks(found, upd.get("pace_suspects") or []), info.nodes)
+            base = _suspects(ev.get("suspects") or []) if suspects is None else suspects
+            found = named_suspects(with_slow_ranks(base, upd.get("pace_suspects") or []), info.nodes)
             view = replace(view, topology=await asyncio.to_thread(
                 topology_options, job, info, found, model, pace, validated=ev.get("validated_links"),
                 healthy=healthy, rebalance="rebalance" in view.capabilities,
