@@ -51,6 +51,7 @@ _PER_NODE: dict[str, tuple[str, Count]] = {
     "failslow_iteration_period_calls": ("R", lambda s: s.gpus_per_node),
     "failslow_iteration_comm_seconds": ("R", lambda s: s.gpus_per_node),
     "failslow_iteration_compute_seconds": ("R", lambda s: s.gpus_per_node),
+    "failslow_iteration_outside_pipeline_compute_seconds": ("R", lambda s: s.gpus_per_node),
     "failslow_ring_dropped_records_total": ("R", lambda s: s.gpus_per_node),
     "failslow_comm_calls_total": ("R x CO", lambda s: s.gpus_per_node * s.comm_ops),
     "failslow_comm_bytes_total": ("R x CO", lambda s: s.gpus_per_node * s.comm_ops),

@@ -51,6 +51,12 @@ CATALOGUE: tuple[Metric, ...] = (
     Metric("failslow_iteration_compute_seconds", "gauge",
            "Mean time per iteration the rank spent outside communication calls (compute, data, host), "
            "over the last window.", RANK_LABELS, "exporter"),
+    Metric("failslow_iteration_outside_pipeline_compute_seconds", "gauge",
+           "Mean time per iteration the rank spent outside communication calls between its pipeline's last "
+           "send/receive of one iteration and its first of the next (optimizer step, gradient copies, host work: "
+           "what does not scale with micro-batches; a first stage's also holds one micro-batch's forward and "
+           "backward), over the last window; absent where it cannot be told (no pipeline, no data-parallel "
+           "collective).", RANK_LABELS, "exporter"),
     Metric("failslow_comm_calls_total", "counter", "Communication calls the rank issued on one communicator.",
            COMM_LABELS, "exporter"),
     Metric("failslow_comm_bytes_total", "counter", "Payload bytes of the rank's calls on one communicator.",

@@ -9,7 +9,8 @@ of processes that have exited are read one last time and their series dropped.
 Exposed per rank (labels job, rank, dp_rank, pp_rank, tp_rank, node): mean iteration time over the
 last window, iterations completed, the wall time of the last iteration end (hang detection), calls
 per iteration, and the split of an iteration into time inside and outside communication calls (a
-straggler computes longer and waits less; a slow link makes everyone wait). Per rank and
+straggler computes longer and waits less; a slow link makes everyone wait), with the part of the time
+outside calls that lies outside the pipeline (work once per iteration). Per rank and
 communicator: calls, bytes and time inside calls as counters and a summary, and one info series
 naming the parallel group the communicator was matched to, so the detector can compare the ranks
 of one group.
@@ -137,6 +138,7 @@ class RingCollector:
         conf = family("failslow_iteration_period_confidence_ratio")
         comm_s = family("failslow_iteration_comm_seconds")
         comp_s = family("failslow_iteration_compute_seconds")
+        outside = family("failslow_iteration_outside_pipeline_compute_seconds")
         dropped = family("failslow_ring_dropped_records_total")
         calls = family("failslow_comm_calls_total")
         nbytes = family("failslow_comm_bytes_total")
@@ -173,6 +175,8 @@ class RingCollector:
                 c = float(arr[:, 1].mean())
                 comm_s.add_metric(lab, c)
                 comp_s.add_metric(lab, float(arr[:, 0].mean()) - c)
+                if (w := main.outside_pipeline_s) is not None:
+                    outside.add_metric(lab, w)
             dropped.add_metric([job, rank], sum(t.dropped() for t in trs))
             for tr in trs:
                 for (comm, op), st in tr.stats.items():
@@ -194,7 +198,7 @@ class RingCollector:
             info.add_metric(list(key), v)
         for prod, k in sorted(producers.items()):
             rings.add_metric([prod], k)
-        yield from (it_dur, it_tot, last, period, conf, comm_s, comp_s, dropped, calls, nbytes, dur, info, rings)
+        yield from (it_dur, it_tot, last, period, conf, comm_s, comp_s, outside, dropped, calls, nbytes, dur, info, rings)
 
     def close(self) -> None:
         """Stop following every ring."""

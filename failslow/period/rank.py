@@ -3,12 +3,14 @@
 A `RankTrack` follows one ring (one process of the NCCL shim or the torch hook): it feeds the calls to a
 streaming `PeriodTracker`, which finds the iterations without knowing the framework, splits each iteration
 into time inside and outside communication calls (a straggler computes longer and waits less; a slow link
-makes everyone wait), keeps per-communicator totals, and infers the rank's place in the parallel layout
+makes everyone wait), measures the compute outside the pipeline (`outside_pipeline_s`), keeps per-communicator
+totals, and infers the rank's place in the parallel layout
 from its communicators when the ring's header does not say. The exporter only maps these to metrics.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from collections import deque
 from dataclasses import dataclass, field
@@ -77,9 +79,13 @@ class RankTrack:
         # call start times and cumulative time-in-calls, for the compute/comm split of iterations
         self._ct = np.empty(0)
         self._cb = np.empty(0)
+        self._cp = np.empty(0, dtype=bool)  # whether each buffered call is a pipeline send/receive
+        self._cc = np.empty(0, dtype=np.int64)
         self._cum = 0.0
         self._cover_end = [0, 0]  # latest call end seen (ns), host-timed and GPU-timed
         self.split: deque[tuple[float, float]] = deque(maxlen=window)
+        #: Per iteration of `split`, the compute outside the pipeline (:meth:`_outside_pipeline`; NaN: none).
+        self.outside: deque[float] = deque(maxlen=window)
         self.iterations_total = 0
         self.mean_iteration_s: float | None = None
         self.last_end_unix_s: float | None = None
@@ -156,6 +162,10 @@ class RankTrack:
         before = self._cum + csum - inside  # time inside calls before each call
         self._cum += float(csum[-1])
         self._cb = np.concatenate((self._cb, before))[-self.buffer:]
+        p2p = np.isin(cop, _P2P)
+        self._cp = np.concatenate((self._cp, p2p))[-self.buffer:]
+        # the communicator of each collective (-1 for sends/receives), to tell the iteration's own collectives
+        self._cc = np.concatenate((self._cc, np.where(p2p, -1, comm.view(np.int64))))[-self.buffer:]
         # End of each call as the tracker's iteration marker; host-timed ends only (GPU times live on
         # another clock domain mapping and may arrive late).
         host_end = has_dur & ~gpu
@@ -174,6 +184,7 @@ class RankTrack:
             self.last_end_unix_s = wall_ns * 1e-9
         for d, end in zip(v.iteration_s, v.iteration_end_t, strict=True):
             self.split.append((float(d), self._comm_time(end - d, end)))
+            self.outside.append(self._outside_pipeline(end - d, end))
             if self.history is not None:
                 wall = (self._base_ns + end * 1e9 + self.header.clock_offset_ns) * 1e-9
                 self.history.append((float(d), float(wall)))
@@ -204,6 +215,56 @@ class RankTrack:
         a = self._cb[i0] if i0 < len(self._cb) else self._cum
         b = self._cb[i1] if i1 < len(self._cb) else self._cum
         return float(min(max(b - a, 0.0), end - start))
+
+    def _outside_pipeline(self, start: float, end: float) -> float:
+        """Compute time of the iteration in ``[start, end)`` outside its pipeline (NaN when it cannot be told).
+
+        A pipeline stage's compute per iteration is its micro-batches' forwards and backwards, which scale with
+        the micro-batches it runs, plus work done once per iteration (gradient copies, optimizer step, data and
+        host work), which does not. The once-per-iteration work sits in the stretch between two consecutive
+        pipeline sends/receives that holds the iteration's own collectives: from the last transfer of one
+        iteration, across the gradient all-reduce (and the loss or gradient-norm reductions), to the first
+        transfer of the next. That stretch is the one holding a call on a communicator that no other stretch of
+        the iteration uses (tensor-parallel all-reduces come with every micro-batch, so they mark none). The
+        stretches are taken where they end, inside this iteration, so the one that wraps around the boundary
+        counts whatever the phase of the boundaries. What is returned is the compute in it: its length less
+        the time inside any call. On a middle or last stage that is the once-per-iteration work; a first
+        stage's stretch also holds one micro-batch's backward (before the all-reduce) and the next one's
+        forward (before its first send). NaN: no sends/receives in the iteration (no pipeline), no collective
+        of its own (a pipeline without data parallelism), or several stretches with one (e.g. gradient
+        buckets reduced while the last backwards run).
+        """
+        i0, i1 = np.searchsorted(self._ct, [start, end], side="left")
+        lo = max(0, 2 * int(i0) - int(i1))  # one iteration back holds the transfer before the window's first
+        pipe = np.flatnonzero(self._cp[lo:i1]) + lo
+        if len(pipe) == 0:
+            return math.nan
+        ends = pipe[(pipe >= i0) & (pipe > pipe[0])]  # each with a transfer before it in the buffer
+        if len(ends) < 2:
+            return math.nan
+        opens = pipe[np.searchsorted(pipe, ends) - 1]
+        users: dict[int, set[int]] = {}
+        for n, (k, j) in enumerate(zip(opens.tolist(), ends.tolist(), strict=True)):
+            for c in self._cc[k + 1:j].tolist():
+                users.setdefault(c, set()).add(n)
+        own = {next(iter(ns)) for ns in users.values() if len(ns) == 1}
+        if len(own) != 1:
+            return math.nan
+        n = own.pop()
+        k, j = int(opens[n]), int(ends[n])
+        inside = (self._cb[j] if j < len(self._cb) else self._cum) - self._cb[k]
+        return float(max(0.0, self._ct[j] - self._ct[k] - inside))
+
+    @property
+    def outside_pipeline_s(self) -> float | None:
+        """Mean compute outside the pipeline per iteration over the window (:meth:`_outside_pipeline`), over
+        the iterations where it could be told (an iteration with a validation's extra calls may not); None
+        unless that is at least half of the window's."""
+        vals = np.asarray(self.outside, dtype=np.float64)
+        ok = vals[np.isfinite(vals)]
+        if len(ok) == 0 or 2 * len(ok) < len(vals):
+            return None
+        return float(ok.mean())
 
     def _comm_meta(self, calls: npt.NDArray[Any], comm: npt.NDArray[np.uint64], cop: npt.NDArray[np.int64]) -> None:
         uniq, first = np.unique(comm, return_index=True)

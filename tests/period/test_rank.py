@@ -242,3 +242,57 @@ def test_a_validation_between_iterations_is_counted_inside_one(tmp_path: Path) -
         assert got.min() > 0.5 * float(np.diff(ar).min()), (chunk, np.round(np.sort(got)[:5], 4))
         assert got.max() > pause + 1.0, (chunk, got.max(), pause)  # the pause and the iteration before it
         tk.close()
+
+
+def _with_tp(steps: list[ps.Step], tail: float) -> tuple[list[ps.Step], float]:
+    """The template with a tensor-parallel all-reduce (communicator 2) halfway through every compute stretch."""
+    out = []
+    for s in steps:
+        if s.gap_s > 0:
+            out.append(ps.Step(s.gap_s / 2, int(Op.ALLREDUCE), 2, 4096))
+            out.append(ps.Step(s.gap_s / 2, s.op, s.comm, s.nbytes))
+        else:
+            out.append(s)
+    return out, tail
+
+
+@pytest.mark.parametrize("tp", [False, True])
+@pytest.mark.parametrize("stage", [0, 1, 3])
+def test_compute_outside_the_pipeline_is_the_once_per_iteration_work(tmp_path: Path, stage: int, tp: bool) -> None:
+    """1F1B on stage `stage` of four, 8 micro-batches, a DP all-reduce, an optimizer step of 15 ms: the compute
+    between the last send/receive of an iteration and the first of the next is that step on a middle or last
+    stage, and the step plus one forward and one backward on the first (its stretch opens before the last
+    micro-batch's backward and closes after the next one's forward). The optimizer is shorter than one
+    micro-batch's backward, so the longest stretch would not do; tensor-parallel all-reduces in every stretch
+    do not mark one."""
+    fwd, bwd, opt = 0.01, 0.02, 0.015
+    tmpl = ps.pp_1f1b(stage, 4, 8, fwd_s=fwd, bwd_s=bwd, opt_s=opt, dp_allreduce=True)
+    tr = ps.generate([_with_tp(*tmpl) if tp else tmpl], [60], seed=stage, jitter=0.02)
+    tk = replay_ring(_write(tmp_path, tr, rank=stage))
+    want = opt + (fwd + bwd if stage == 0 else 0.0)
+    assert tk.outside_pipeline_s == pytest.approx(want, rel=0.03)
+    assert len(tk.outside) == 20 and np.all(np.isfinite(np.asarray(tk.outside)))
+
+
+def test_no_compute_outside_the_pipeline_without_a_pipeline_or_a_collective_of_its_own(tmp_path: Path) -> None:
+    """Data parallelism alone (no sends/receives) and a pipeline alone (no collective that marks the iteration's
+    own stretch) leave it untold, not guessed."""
+    dp_only = replay_ring(_write(tmp_path, _dp_trace()))
+    assert dp_only.split and dp_only.outside_pipeline_s is None
+    d = tmp_path / "pp"
+    d.mkdir()
+    pp_only = ps.generate([ps.pp_1f1b(1, 4, 8, dp_allreduce=False)], [60], seed=2, jitter=0.02)
+    tk = replay_ring(_write(d, pp_only))
+    assert tk.split and tk.outside_pipeline_s is None
+
+
+def test_compute_outside_the_pipeline_of_a_recorded_testbed_stage(tmp_path: Path) -> None:
+    """Recorded for real (DP2xPP2 testbed, stage 1 of replica 0, a CPU quota on a peer): the stretch around
+    the gradient all-reduce is a small part of the compute, and present in every iteration."""
+    path, _ = ring_of("dp2pp2_stage1_quota", tmp_path, rank=2, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1})
+    tk = replay_ring(path)
+    arr = np.asarray(tk.split)
+    outside = np.asarray(tk.outside)
+    assert np.all(np.isfinite(outside))
+    compute = arr[:, 0] - arr[:, 1]
+    assert np.all((outside > 0.002) & (outside < 0.25 * compute)), (outside, compute)
