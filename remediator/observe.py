@@ -8,7 +8,8 @@ Queries (``J`` = the job label):
   for a restart, or gone, has no current pace);
 * ranks: ``failslow_iteration_compute_seconds{job=J}`` with its ``rank``/``dp_rank``/``pp_rank``/``node``
   labels (the pace model's input), or its ``avg_over_time`` over a window the service chooses (from a clean
-  reading after the onset or the last action to now);
+  reading after the onset or the last action to now), and likewise the part of it outside the pipeline,
+  ``failslow_iteration_outside_pipeline_compute_seconds{job=J}``, where the exporter tells it;
 * onset: ``max(failslow_detector_onset_timestamp_seconds{job=J})`` and the healthy level the detector
   measures the slowdown against, ``max(failslow_detector_baseline_seconds{job=J})``;
 * healthy pace: ``quantile(0.5, quantile_over_time(0.5, failslow_iteration_duration_seconds{job=J}[2m]))``
@@ -60,7 +61,7 @@ def parse_vector(doc: dict[str, Any]) -> list[tuple[dict[str, str], float]]:
 
 @dataclass
 class RankSample:
-    """One rank's labels and compute time per iteration."""
+    """One rank's labels and compute time per iteration (and the part of it outside the pipeline, if told)."""
 
     rank: int
     dp: int
@@ -68,6 +69,11 @@ class RankSample:
     tp: int
     node: str
     compute_s: float
+    outside_s: float | None = None
+
+    def compute(self) -> RankCompute:
+        """The rank as the pace model wants it."""
+        return RankCompute(self.rank, self.dp, self.pp, self.compute_s, self.outside_s)
 
 
 @dataclass
@@ -84,7 +90,7 @@ class JobObservation:
     @property
     def computes(self) -> list[RankCompute]:
         """The ranks as the pace model wants them."""
-        return [RankCompute(r.rank, r.dp, r.pp, r.compute_s) for r in self.ranks]
+        return [r.compute() for r in self.ranks]
 
     def current(self, stale_after_s: float) -> bool:
         """Whether the pace is current (the job finished an iteration within `stale_after_s`)."""
@@ -129,17 +135,23 @@ class Prometheus:
         return obs
 
     def ranks(self, job: str, at: float | None = None, window_s: float | None = None) -> list[RankSample]:
-        """Every rank's compute time per iteration now (or at Unix time `at`), with its coordinates; with
-        `window_s`, each rank's mean reading over that many seconds (whole seconds, at least 1) before."""
-        expr = f'failslow_iteration_compute_seconds{{job="{_esc(job)}"}}'
-        if window_s is not None:
-            expr = f"avg_over_time({expr}[{max(1, int(window_s))}s])"
+        """Every rank's compute time per iteration now (or at Unix time `at`), with its coordinates and its
+        compute outside the pipeline where the exporter tells it; with `window_s`, each rank's mean reading over
+        that many seconds (whole seconds, at least 1) before."""
+        def expr(metric: str) -> str:
+            e = f'{metric}{{job="{_esc(job)}"}}'
+            return e if window_s is None else f"avg_over_time({e}[{max(1, int(window_s))}s])"
+
+        outside = {}
+        for labels, value in self.query(expr("failslow_iteration_outside_pipeline_compute_seconds"), at):
+            if "rank" in labels and math.isfinite(value):
+                outside[labels["rank"]] = value
         out = []
-        for labels, value in self.query(expr, at):
+        for labels, value in self.query(expr("failslow_iteration_compute_seconds"), at):
             try:
                 out.append(RankSample(int(labels["rank"]), int(labels.get("dp_rank", "0")),
                                       int(labels.get("pp_rank", "0")), int(labels.get("tp_rank", "0")),
-                                      labels.get("node", ""), value))
+                                      labels.get("node", ""), value, outside.get(labels["rank"])))
             except (KeyError, ValueError):
                 continue
         return out

@@ -36,9 +36,9 @@ from failslow.errors import InputError
 from failslow.plan.pace import (
     SLOW_CELL_MULTIPLE,
     PaceModel,
-    RankCompute,
     fit,
     healthy_stages,
+    healthy_step,
     overhead,
     slow_ranks,
 )
@@ -172,13 +172,13 @@ def settled_ranks(window: Sequence[RankSample], earlier: Sequence[RankSample], r
     fraction of its size and stays averaged.
     """
     before = {r.rank: r.compute_s for r in earlier}
-    now = {r.rank: r.compute_s for r in recent}
+    now = {r.rank: r for r in recent}
     out, changed = [], {}
     for r in window:
         b, n = before.get(r.rank), now.get(r.rank)
-        if b is not None and n is not None and b > 0 and abs(n - b) > shift * b:
-            out.append(replace(r, compute_s=n))
-            changed[r.rank] = (b, n)
+        if b is not None and n is not None and b > 0 and abs(n.compute_s - b) > shift * b:
+            out.append(replace(r, compute_s=n.compute_s, outside_s=n.outside_s))
+            changed[r.rank] = (b, n.compute_s)
         else:
             out.append(r)
     return out, changed
@@ -193,11 +193,12 @@ def _compute_basis(upd: dict[str, Any]) -> dict[str, Any]:
 
 def _model_basis(model: PaceModel | None) -> dict[str, Any]:
     """The pace model an action's prediction came from: each replica's seconds per micro-batch per stage
-    (after the healthy floor), its fixed part ``F`` and the split the cells were measured under (None
-    without a model)."""
+    (after the healthy floor), each one's once-per-iteration work (None where the exporter did not tell it),
+    its fixed part ``F`` and the split the cells were measured under (None without a model)."""
     if model is None:
-        return {"model_per_mb_s": None, "model_overhead_s": None, "model_counts": None}
+        return {"model_per_mb_s": None, "model_step_s": None, "model_overhead_s": None, "model_counts": None}
     return {"model_per_mb_s": [[round(float(x), 6) for x in row] for row in model.per_mb],
+            "model_step_s": None if model.step is None else [[round(float(x), 6) for x in row] for row in model.step],
             "model_overhead_s": round(float(model.overhead_s), 6), "model_counts": list(model.microbatches)}
 
 
@@ -609,14 +610,14 @@ class Remediator:
                 if averaged:
                     obs = replace(obs, ranks=averaged)
         upd["compute_window_s"], upd["compute_changed_ranks"] = window, sorted(changed)
-        f0, floor = ev.get("overhead_s"), ev.get("healthy_stage_s")
+        f0, floor, step0 = ev.get("overhead_s"), ev.get("healthy_stage_s"), ev.get("healthy_step_s")
         if f0 is None and healthy is not None and obs is not None:
             calibrated = await self._healthy_calibration(
                 job, onset, healthy_span, measured_healthy, healthy,
                 ev.get("microbatches_at_onset") or upd.get("microbatches_at_onset"))
             if calibrated is not None:
-                f0, floor = calibrated
-                upd["overhead_s"], upd["healthy_stage_s"] = f0, list(floor)
+                f0, floor, step0 = calibrated
+                upd["overhead_s"], upd["healthy_stage_s"], upd["healthy_step_s"] = f0, list(floor), step0
         model: PaceModel | None = None
         if pace is not None and info is not None and info.microbatches and obs is not None and obs.ranks:
             ranks = obs.computes
@@ -653,13 +654,14 @@ class Remediator:
                 topology_options, job, info, found, model, pace, validated=ev.get("validated_links"),
                 healthy=healthy, rebalance="rebalance" in view.capabilities,
                 known_paths=memory.get("slow_paths") or (), healthy_counts=view.default_microbatches,
-                stage_s=floor, overhead_s=f0))
+                stage_s=floor, overhead_s=None if f0 is None else f0 + (step0 or 0.0)))
         return view, upd, await self._costs(adapter, info), actions, adapter
 
     async def _healthy_calibration(self, job: str, onset: float, window: tuple[float, float] | None,
                                    window_pace: float | None, healthy: float, microbatches: list[int] | None
-                                   ) -> tuple[float, tuple[float, ...]] | None:
-        """The pace model's fixed part ``F`` and each stage's time per micro-batch (the floor of its cells),
+                                   ) -> tuple[float, tuple[float, ...], float] | None:
+        """The pace model's fixed part ``F``, each stage's time per micro-batch (the floor of its cells) and
+        the replicas' once-per-iteration work (:func:`healthy_step`; 0 where the exporter does not tell it),
         measured on the healthy job before the onset: each rank's readings and the pace over `window`, the
         ``(end, seconds)`` the healthy pace is measured in (:func:`healthy_window`; `window_pace`: the pace
         already read there, None to read it), as a single reading is the exporter's mean over its last
@@ -674,8 +676,9 @@ class Remediator:
                     await asyncio.to_thread(self.prom.healthy_pace, job, *window)
             if not samples or pace is None:
                 samples, pace = await asyncio.to_thread(self.prom.ranks, job, onset - 5.0), healthy
-            ranks = [RankCompute(r.rank, r.dp, r.pp, r.compute_s) for r in samples]
-            return overhead(ranks, microbatches, pace), healthy_stages(ranks, microbatches)
+            ranks = [r.compute() for r in samples]
+            return (overhead(ranks, microbatches, pace), healthy_stages(ranks, microbatches),
+                    healthy_step(ranks, microbatches))
         except (PromUnavailable, InputError) as exc:
             log.info("job %s: no healthy calibration: %s", job, exc)
             return None

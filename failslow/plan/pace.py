@@ -7,9 +7,16 @@ running 1F1B (or GPipe) pipelines:
 * each rank reports its compute time per iteration ``c_r`` (time outside communication calls; the exporter's
   ``failslow_iteration_compute_seconds``) while its DP replica ``d`` runs ``m_d`` micro-batches, so stage
   ``s`` of replica ``d`` spends ``tau[d, s] = max over its TP ranks of c_r / m_d`` per micro-batch;
+* where the exporter also tells the rank's compute outside the pipeline ``u_r``
+  (``failslow_iteration_outside_pipeline_compute_seconds``: optimizer step and host work, once per
+  iteration; on a first stage also one micro-batch's forward and backward), that part is not priced per
+  micro-batch: ``tau[d, s] = (c_r - u_r) / m_d`` and ``w[d, s] = u_r`` (first stage: ``(c_r - u_r) / (m_d - 1)``
+  and ``u_r - tau``), and the replica's once-per-iteration work is ``w_d = max_s w[d, s]`` (every stage
+  steps after the all-reduce; the slowest holds the next pipeline back). Without it ``w = 0`` and the work
+  is spread over the micro-batches, as it is in ``c_r``;
 * a pipeline of ``m`` micro-batches takes ``(m - 1) * max_s tau[d, s] + sum_s tau[d, s]`` (the bottleneck
   stage paces the steady state, every stage is passed once while filling and draining): with
-  ``t_d = max_s tau[d, s]`` and ``o_d = sum_s tau[d, s] - t_d`` replica ``d`` takes ``m_d * t_d + o_d``;
+  ``t_d = max_s tau[d, s]`` and ``o_d = sum_s tau[d, s] - t_d + w_d`` replica ``d`` takes ``m_d * t_d + o_d``;
 * every replica waits for the slowest at the gradient all-reduce, so the iteration takes
   ``T = F + max_d (m_d * t_d + o_d)`` where ``F`` (all-reduce, optimizer, host work) is what the measured
   iteration time ``T`` leaves over. ``F`` is calibrated now and held constant across an action.
@@ -28,7 +35,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import numpy.typing as npt
@@ -47,12 +54,14 @@ class RankCompute:
         dp: Data-parallel replica.
         pp: Pipeline stage.
         compute_s: Time per iteration outside communication calls (seconds).
+        outside_s: The part of `compute_s` outside the pipeline (see the module docstring); None: not known.
     """
 
     rank: int
     dp: int
     pp: int
     compute_s: float
+    outside_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -66,12 +75,15 @@ class PaceModel:
         overhead_s: ``F``: the part of ``T`` outside the slowest replica's pipeline (negative when the
             model over-estimates the pipeline, e.g. where compute overlaps communication; predictions are
             then still the measured ``T`` plus the change in the slowest replica).
+        step: ``w[d, s]``, seconds of once-per-iteration work of stage ``s`` in replica ``d`` (None: none known,
+            all of it is in `per_mb`).
     """
 
     per_mb: FloatArray
     microbatches: tuple[int, ...]
     iteration_s: float
     overhead_s: float
+    step: FloatArray | None = None
 
     @property
     def times(self) -> FloatArray:
@@ -80,8 +92,10 @@ class PaceModel:
 
     @property
     def offsets(self) -> FloatArray:
-        """``o_d``: pipeline fill and drain of each replica (0 without pipeline parallelism)."""
-        return np.asarray(self.per_mb.sum(axis=1) - self.per_mb.max(axis=1), dtype=np.float64)
+        """``o_d``: pipeline fill and drain of each replica (0 without pipeline parallelism) plus its
+        once-per-iteration work ``w_d``."""
+        w = np.zeros(self.per_mb.shape[0]) if self.step is None else self.step.max(axis=1)
+        return np.asarray(self.per_mb.sum(axis=1) - self.per_mb.max(axis=1) + w, dtype=np.float64)
 
     def replica_s(self, counts: Sequence[int]) -> FloatArray:
         """Compute time of each replica with `counts` micro-batches."""
@@ -136,6 +150,7 @@ def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: 
     m = _counts(microbatches, dp)
     pp = 1 + max(r.pp for r in ranks)
     per_mb = np.full((dp, pp), np.nan)
+    step = np.zeros((dp, pp))
     for r in ranks:
         if not 0 <= r.dp < dp or r.pp < 0:
             raise InputError(f"rank {r.rank}: replica {r.dp} / stage {r.pp} outside a {dp}-replica split")
@@ -143,8 +158,9 @@ def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: 
             if impute:
                 continue  # a reading the exporter did not have (a window without an iteration): filled below
             raise InputError(f"rank {r.rank}: compute time must be positive, got {r.compute_s}")
-        t = r.compute_s / m[r.dp]
+        t, w = split_rank(r, m[r.dp], pp)
         per_mb[r.dp, r.pp] = t if np.isnan(per_mb[r.dp, r.pp]) else max(per_mb[r.dp, r.pp], t)
+        step[r.dp, r.pp] = max(step[r.dp, r.pp], w)
     missing = np.isnan(per_mb)
     if impute and missing.any():
         # A cell without a reading is taken as its stage in the other replicas (their median): it is not the
@@ -162,11 +178,28 @@ def fit(ranks: Sequence[RankCompute], microbatches: Sequence[int], iteration_s: 
         if low.shape != (pp,) or not np.all(np.isfinite(low)) or not np.all(low >= 0):
             raise InputError(f"need {pp} per-stage floors >= 0, got {list(floor)}")
         per_mb = np.maximum(per_mb, low[None, :])
-    slowest = float((m * per_mb.max(axis=1) + per_mb.sum(axis=1) - per_mb.max(axis=1)).max())
     if overhead_s is not None and not (overhead_s >= 0 and math.isfinite(overhead_s)):
         raise InputError(f"overhead must be >= 0 and finite, got {overhead_s}")
-    return PaceModel(per_mb=per_mb, microbatches=tuple(int(x) for x in m), iteration_s=float(iteration_s),
-                     overhead_s=float(iteration_s) - slowest if overhead_s is None else float(overhead_s))
+    model = PaceModel(per_mb=per_mb, microbatches=tuple(int(x) for x in m), iteration_s=float(iteration_s),
+                      overhead_s=0.0, step=step if step.any() else None)
+    slowest = float(model.replica_s(model.microbatches).max())
+    return replace(model, overhead_s=float(iteration_s) - slowest if overhead_s is None else float(overhead_s))
+
+
+def split_rank(r: RankCompute, microbatches: float, stages: int) -> tuple[float, float]:
+    """A rank's compute as (seconds per micro-batch, once-per-iteration seconds) with `microbatches` in its
+    replica and `stages` pipeline stages (module docstring); without a usable ``outside_s`` all of it is per
+    micro-batch. A first stage's stretch outside the pipeline holds one micro-batch too, so it needs two."""
+    u = r.outside_s
+    first = r.pp == 0
+    if u is None or not (0 < u < r.compute_s) or stages < 2 or (first and microbatches < 2):
+        return r.compute_s / microbatches, 0.0
+    if not first:
+        return (r.compute_s - u) / microbatches, u
+    t = (r.compute_s - u) / (microbatches - 1)
+    if t > u:  # the stretch is shorter than the micro-batch it holds: not the layout the split assumes
+        return r.compute_s / microbatches, 0.0
+    return t, u - t
 
 
 def overhead(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int], healthy_s: float) -> float:
@@ -197,6 +230,18 @@ def healthy_stages(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[
     return tuple(float(x) for x in np.median(per_mb, axis=0))
 
 
+def healthy_step(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int]) -> float:
+    """The once-per-iteration work ``w_d`` of the healthy job's median replica (0 where the ranks do not tell
+    their compute outside the pipeline): what :func:`overhead` leaves out of ``F`` because the model carries
+    it with the replicas.
+
+    Raises:
+        InputError: as :func:`fit`.
+    """
+    model = fit(healthy_ranks, microbatches, 1.0)
+    return 0.0 if model.step is None else float(np.median(model.step.max(axis=1)))
+
+
 #: A rank computing this many times its stage's healthy time per micro-batch is slow whether or not the
 #: detector named it. Healthy cells read about 1x (faster when they wait for a straggler, see the module
 #: docstring); the testbed's weakest CPU fault reads 1.33x, so 1.5x is above every healthy reading and
@@ -219,7 +264,7 @@ def slow_ranks(ranks: Sequence[RankCompute], microbatches: Sequence[int], floor:
     for r in ranks:
         if not (0 <= r.dp < m.shape[0] and 0 <= r.pp < len(floor)) or not (floor[r.pp] > 0):
             continue
-        per_mb = r.compute_s / m[r.dp]
+        per_mb = split_rank(r, m[r.dp], len(floor))[0]
         if math.isfinite(per_mb) and per_mb >= multiple * floor[r.pp]:
             out.append(r.rank)
     return tuple(sorted(out))

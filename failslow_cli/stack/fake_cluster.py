@@ -36,14 +36,20 @@ class JobSeries:
     healthy_s: float = 0.5
     # the detector's verdict while onset_ts is set: failslow 1 and these suspects (kind, rank, node)
     suspects: list[tuple[str, str, str]] = field(default_factory=list)
+    # once-per-iteration work of each cell (optimizer step), exposed as its compute outside the pipeline
+    # (a first stage's stretch holding one micro-batch too); none: no such series
+    step: dict[tuple[int, int], float] = field(default_factory=dict)
+
+    @property
+    def stages(self) -> int:
+        return 1 + max(p for _d, p in self.per_mb)
 
     def iteration_s(self) -> float:
-        dp = len(self.counts)
-        pp = 1 + max(p for _d, p in self.per_mb)
         rep = []
-        for d in range(dp):
-            cells = [self.per_mb[d, p] for p in range(pp)]
-            rep.append((self.counts[d] - 1) * max(cells) + sum(cells))
+        for d in range(len(self.counts)):
+            cells = [self.per_mb[d, p] for p in range(self.stages)]
+            work = max((self.step.get((d, p), 0.0) for p in range(self.stages)), default=0.0)
+            rep.append((self.counts[d] - 1) * max(cells) + sum(cells) + work)
         return self.overhead_s + max(rep)
 
 
@@ -59,6 +65,8 @@ class FakeCluster:
         now = time.time()
         it = GaugeMetricFamily("failslow_iteration_duration_seconds", "iteration", labels=RANK_LABELS)
         comp = GaugeMetricFamily("failslow_iteration_compute_seconds", "compute", labels=RANK_LABELS)
+        outside = GaugeMetricFamily("failslow_iteration_outside_pipeline_compute_seconds", "outside",
+                                    labels=RANK_LABELS)
         last = GaugeMetricFamily("failslow_last_iteration_timestamp_seconds", "last", labels=RANK_LABELS)
         onset = GaugeMetricFamily("failslow_detector_onset_timestamp_seconds", "onset", labels=["job"])
         ratio = GaugeMetricFamily("failslow_detector_slowdown_ratio", "ratio", labels=["job"])
@@ -71,7 +79,10 @@ class FakeCluster:
                 for r, ((d, p), t) in enumerate(sorted(s.per_mb.items(), key=lambda kv: (kv[0][1], kv[0][0]))):
                     lab = [job, str(r), str(d), str(p), "0", f"n{r}"]
                     it.add_metric(lab, T)
-                    comp.add_metric(lab, t * s.counts[d])
+                    w = s.step.get((d, p))
+                    comp.add_metric(lab, t * s.counts[d] + (w or 0.0))
+                    if w is not None:
+                        outside.add_metric(lab, w + (t if p == 0 and s.stages > 1 else 0.0))
                     last.add_metric(lab, now - 0.2)
                 flag.add_metric([job], 0.0 if s.onset_ts is None else 1.0)
                 if s.onset_ts is not None:
@@ -83,7 +94,7 @@ class FakeCluster:
                 else:
                     ratio.add_metric([job], 1.0)
         if part in ("exporter", "all"):
-            yield from (it, comp, last)
+            yield from (it, comp, outside, last)
         if part in ("detector", "all"):
             yield from (onset, ratio, base, flag, susp)
 

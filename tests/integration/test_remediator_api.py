@@ -423,6 +423,34 @@ def test_replicas_left_waiting_by_the_straggler_are_priced_at_their_healthy_spee
         assert act["predicted"]["model_counts"] == [8, 8]
 
 
+def test_the_work_outside_the_pipeline_stays_with_its_replica_whatever_its_split(tmp_path: Path) -> None:
+    # DP2xPP2, 4 micro-batches a replica at 0.10 s each and a 0.05 s optimizer step on every rank, exposed as
+    # the compute outside the pipeline (a first stage's with one micro-batch in it). The fault slows replica
+    # 1's first stage 2.5x, its step 2x. The model takes the steps out of the cells and the split [6, 2] is
+    # priced with replica 1's 0.10 s step whole: 0.05 + 6 * 0.10 + 0.10 + 0.05 s (spread over micro-batches
+    # as in the compute gauge alone, the cells read 0.1125 and 0.275 s and the same split 0.825 s).
+    cells = {(0, 0): 0.10, (0, 1): 0.10, (1, 0): 0.10, (1, 1): 0.10}
+    steps = dict.fromkeys(cells, 0.05)
+    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
+            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
+        cluster.set("llm1", JobSeries(cells, [4, 4], healthy_s=0.60, step=steps))
+        wait_for_series(prom_url, "llm1")
+        time.sleep(8.0)  # a healthy stretch longer than the 5 s before the onset the calibration reads
+        onset = time.time()
+        cluster.set("llm1", JobSeries({**cells, (1, 0): 0.25}, [4, 4], onset_ts=onset, healthy_s=0.60,
+                                      step={**steps, (1, 0): 0.10}))
+        time.sleep(3.0)  # the fault scraped
+        act, ev = _first_action(tmp_path, r.url, prom_url, [4, 4])
+        assert act["strategy"] == "rebalance" and act["params"]["counts"] == [6, 2]
+        assert act["predicted"]["model_per_mb_s"] == [[pytest.approx(0.10)] * 2, [pytest.approx(0.25),
+                                                                                  pytest.approx(0.10)]]
+        assert act["predicted"]["model_step_s"] == [[pytest.approx(0.05)] * 2, [pytest.approx(0.10),
+                                                                                pytest.approx(0.05)]]
+        assert act["predicted"]["pace_before_s"] == pytest.approx(0.05 + 3 * 0.25 + 0.35 + 0.10)
+        assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 6 * 0.10 + 0.10 + 0.05)
+        assert ev["healthy_step_s"] == pytest.approx(0.05) and ev["overhead_s"] == pytest.approx(0.05)
+
+
 def _replicas(cluster: Any, per_mb: list[float], counts: list[int], onset: float | None = None) -> None:
     """llm1 as a DP job of one stage: replica d at per_mb[d] s per micro-batch (healthy 0.85 s)."""
     cluster.set("llm1", JobSeries({(d, 0): t for d, t in enumerate(per_mb)}, counts, onset_ts=onset, healthy_s=0.85))

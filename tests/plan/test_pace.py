@@ -134,3 +134,44 @@ def test_a_straggler_hidden_behind_a_slower_one_shows_in_its_own_compute() -> No
     # a stage the floor does not cover, or a floor of 0, judges nobody
     assert slow_ranks(ranks, [4, 4], healthy[:2]) == (1,)
     assert slow_ranks(ranks, [4, 4], [0.0, 0.0, 0.0]) == ()
+
+
+def test_work_outside_the_pipeline_is_priced_once_per_iteration() -> None:
+    """Ranks that report their compute outside the pipeline (optimizer step w per iteration; a first stage's
+    reading also holds one micro-batch): the cells come out per micro-batch without it, the replica carries
+    its slowest stage's step once, and a split that takes micro-batches from the slow replica leaves its step
+    whole. Priced per micro-batch (no reading), [5, 3] takes a quarter of the slow replica's step away with its
+    micro-batch and is predicted too fast by it."""
+    per_mb = np.array([[0.10, 0.12], [0.20, 0.12]])  # replica 1's stage 0 is slow: its step too
+    w = np.array([[0.05, 0.05], [0.10, 0.05]])
+    counts, F = [4, 4], 0.03
+    ranks, r = [], 0
+    for d in range(2):
+        for s in range(2):
+            c = counts[d] * per_mb[d, s] + w[d, s]
+            u = w[d, s] + (per_mb[d, s] if s == 0 else 0.0)  # the first stage's stretch holds one micro-batch
+            ranks.append(RankCompute(r, d, s, c, outside_s=u))
+            r += 1
+    replica = [counts[d] * per_mb[d].max() + per_mb[d].sum() - per_mb[d].max() + w[d].max() for d in range(2)]
+    T = F + max(replica)
+    m = fit(ranks, counts, T)
+    assert np.allclose(m.per_mb, per_mb) and m.step is not None and np.allclose(m.step, w)
+    assert m.overhead_s == pytest.approx(F)
+    assert np.allclose(m.offsets, [0.10 + 0.05, 0.12 + 0.10])
+    truth = F + max(5 * 0.12 + 0.22 + 0.05, 1 * 0.20 + 0.32 + 0.10)  # (m - 1) * t + sum + w
+    assert m.predict([6, 2]) == pytest.approx(truth)
+    spread = fit([RankCompute(x.rank, x.dp, x.pp, x.compute_s) for x in ranks], counts, T)
+    five_three = F + max(4 * 0.12 + 0.22 + 0.05, 2 * 0.20 + 0.32 + 0.10)
+    assert m.predict([5, 3]) == pytest.approx(five_three)
+    assert spread.step is None and spread.predict([5, 3]) == pytest.approx(five_three - 0.10 / 4)
+    # the split the solver picks with the step priced once is the model's best
+    best = rebalance(m.times, 8, 1, offsets=m.offsets)
+    assert m.predict(best.counts) == pytest.approx(min(m.predict([k, 8 - k]) for k in range(1, 8)))
+
+
+@pytest.mark.parametrize("u", [None, 0.0, -0.1, float("nan"), 0.9])
+def test_an_unusable_outside_reading_leaves_all_compute_per_micro_batch(u: float | None) -> None:
+    """No reading, none, negative, not a number, or as large as the compute itself: the rank is priced as before."""
+    ranks = [RankCompute(0, 0, 0, 0.8, u), RankCompute(1, 0, 1, 0.8, u)]
+    m = fit(ranks, [4], 1.0)
+    assert m.step is None and np.allclose(m.per_mb, [[0.2, 0.2]])
