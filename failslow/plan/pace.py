@@ -18,8 +18,9 @@ running 1F1B (or GPipe) pipelines:
   stage paces the steady state, every stage is passed once while filling and draining): with
   ``t_d = max_s tau[d, s]`` and ``o_d = sum_s tau[d, s] - t_d + w_d`` replica ``d`` takes ``m_d * t_d + o_d``;
 * every replica waits for the slowest at the gradient all-reduce, so the iteration takes
-  ``T = F + max_d (m_d * t_d + o_d)`` where ``F`` (all-reduce, optimizer, host work) is what the measured
-  iteration time ``T`` leaves over. ``F`` is calibrated now and held constant across an action.
+  ``T = F + max_d (m_d * t_d + o_d)`` where ``F`` (all-reduce; optimizer and host work where ``w`` does not
+  hold them) is what the measured iteration time ``T`` leaves over. ``F`` is calibrated now and held constant
+  across an action.
 * a replica that waits for a straggler reads faster per micro-batch than it runs once an action keeps it busy
   (on the testbed's CPU-quota devices a process that idles between bursts starts each burst with the
   period's quota unspent, and the host's other work has the idle time). So each cell can be floored at its
