@@ -120,8 +120,12 @@ OVERVIEW: list[tuple[str, list[P]]] = [
           thresholds=RATIO_STEPS, options={"showValue": "never", "rowHeight": 0.9}),
         P("Compute vs communication per iteration", "timeseries",
           [Q(f"failslow_iteration_compute_seconds{{{J}}}", "compute r{{rank}}"),
-           Q(f"failslow_iteration_comm_seconds{{{J}}}", "comm r{{rank}}")], unit="s",
-          description="A straggler computes longer; its peers spend the same extra time waiting in collectives."),
+           Q(f"failslow_iteration_comm_seconds{{{J}}}", "comm r{{rank}}"),
+           Q(f"failslow_iteration_outside_pipeline_compute_seconds{{{J}}}", "outside pipeline r{{rank}}")],
+          unit="s",
+          description="A straggler computes longer; its peers spend the same extra time waiting in collectives. "
+                      "Outside pipeline: the part of the compute done once per iteration (optimizer step, host "
+                      "work), which a micro-batch split does not move."),
     ]),
     ("Iteration time", [
         P("Iteration time per rank (detector onsets marked)", "timeseries",
