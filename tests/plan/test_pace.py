@@ -7,7 +7,7 @@ import pytest
 
 from failslow.errors import InputError
 from failslow.plan.microbatch import rebalance
-from failslow.plan.pace import RankCompute, fit, healthy_stages, overhead, slow_ranks
+from failslow.plan.pace import RankCompute, fit, healthy_stages, healthy_step, overhead, slow_ranks
 
 
 def _ranks(per_mb: np.ndarray, counts: list[int], tp: int = 1) -> list[RankCompute]:
@@ -175,3 +175,21 @@ def test_an_unusable_outside_reading_leaves_all_compute_per_micro_batch(u: float
     ranks = [RankCompute(0, 0, 0, 0.8, u), RankCompute(1, 0, 1, 0.8, u)]
     m = fit(ranks, [4], 1.0)
     assert m.step is None and np.allclose(m.per_mb, [[0.2, 0.2]])
+
+
+def test_the_healthy_step_and_the_floor_come_without_the_step() -> None:
+    """The healthy calibration with steps told: each stage's floor is its time per micro-batch without the step,
+    the healthy step is the median replica's slowest stage's, and F is what is left of the pace."""
+    counts = [4, 4]
+    ranks = [RankCompute(0, 0, 0, 4 * 0.10 + 0.04, 0.04 + 0.10), RankCompute(1, 1, 0, 4 * 0.10 + 0.06, 0.06 + 0.10),
+             RankCompute(2, 0, 1, 4 * 0.05 + 0.04, 0.04), RankCompute(3, 1, 1, 4 * 0.05 + 0.04, 0.04)]
+    assert healthy_stages(ranks, counts) == pytest.approx((0.10, 0.05))
+    assert healthy_step(ranks, counts) == pytest.approx(0.05)  # replicas' steps 0.04 and 0.06
+    pace = 0.02 + 3 * 0.10 + 0.15 + 0.05  # F + the median replica
+    assert overhead(ranks, counts, pace) == pytest.approx(0.02)
+    # judged against that floor, a rank is slow per micro-batch without its step
+    slowed = [*ranks[:3], RankCompute(3, 1, 1, 4 * 0.08 + 0.04, 0.04)]
+    assert slow_ranks(slowed, counts, healthy_stages(ranks, counts)) == (3,)  # 0.08 / 0.05 = 1.6x
+    # a first stage with one micro-batch cannot tell its step from the micro-batch in its stretch
+    one = fit([RankCompute(0, 0, 0, 0.3, 0.3 - 1e-9), RankCompute(1, 0, 1, 0.2, 0.05)], [1], 1.0)
+    assert one.per_mb[0, 0] == pytest.approx(0.3) and one.step is not None and one.step[0, 0] == 0.0
