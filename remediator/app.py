@@ -321,6 +321,5 @@ def _event_summary(d: dict[str, Any]) -> dict[str, Any]:
     keep = ("id", "job", "state", "onset", "suspects", "level", "firing", "opened_at", "resolved_at", "closed_at",
             "close_reason", "pace_s", "healthy_s", "ratio", "lost_s", "spent_s", "actions", "last_decision",
             "manual", "adapter", "info", "validated", "labels", "overhead_s", "healthy_stage_s", "healthy_step_s",
-            "compute_window_s",
-            "compute_changed_ranks", "pace_suspects")
+            "compute_window_s", "compute_changed_ranks", "pace_suspects")
     return {k: d.get(k) for k in keep}
