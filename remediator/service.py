@@ -37,9 +37,7 @@ from failslow.plan.pace import (
     SLOW_CELL_MULTIPLE,
     PaceModel,
     fit,
-    healthy_stages,
-    healthy_step,
-    overhead,
+    healthy_calibration,
     slow_ranks,
 )
 from failslow.plan.placement import PlacementParams, plan_topology, suspect_slowness
@@ -677,8 +675,7 @@ class Remediator:
             if not samples or pace is None:
                 samples, pace = await asyncio.to_thread(self.prom.ranks, job, onset - 5.0), healthy
             ranks = [r.compute() for r in samples]
-            return (overhead(ranks, microbatches, pace), healthy_stages(ranks, microbatches),
-                    healthy_step(ranks, microbatches))
+            return healthy_calibration(ranks, microbatches, pace)
         except (PromUnavailable, InputError) as exc:
             log.info("job %s: no healthy calibration: %s", job, exc)
             return None

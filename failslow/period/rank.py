@@ -252,7 +252,7 @@ class RankTrack:
             return math.nan
         n = own.pop()
         k, j = int(opens[n]), int(ends[n])
-        inside = (self._cb[j] if j < len(self._cb) else self._cum) - self._cb[k]
+        inside = self._cb[j] - self._cb[k]  # j < i1 <= len: a call of the buffer
         return float(max(0.0, self._ct[j] - self._ct[k] - inside))
 
     @property

@@ -216,8 +216,7 @@ def overhead(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int], 
     Raises:
         InputError: as :func:`fit`.
     """
-    model = fit(healthy_ranks, microbatches, healthy_s)
-    return max(0.0, healthy_s - float(np.median(model.replica_s(model.microbatches))))
+    return healthy_calibration(healthy_ranks, microbatches, healthy_s)[0]
 
 
 def healthy_stages(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int]) -> tuple[float, ...]:
@@ -227,8 +226,7 @@ def healthy_stages(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[
     Raises:
         InputError: as :func:`fit`.
     """
-    per_mb = fit(healthy_ranks, microbatches, 1.0).per_mb
-    return tuple(float(x) for x in np.median(per_mb, axis=0))
+    return healthy_calibration(healthy_ranks, microbatches, 1.0)[1]
 
 
 def healthy_step(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int]) -> float:
@@ -239,8 +237,21 @@ def healthy_step(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[in
     Raises:
         InputError: as :func:`fit`.
     """
-    model = fit(healthy_ranks, microbatches, 1.0)
-    return 0.0 if model.step is None else float(np.median(model.step.max(axis=1)))
+    return healthy_calibration(healthy_ranks, microbatches, 1.0)[2]
+
+
+def healthy_calibration(healthy_ranks: Sequence[RankCompute], microbatches: Sequence[int], healthy_s: float
+                        ) -> tuple[float, tuple[float, ...], float]:
+    """:func:`overhead`, :func:`healthy_stages` and :func:`healthy_step` of one healthy reading, from one fit.
+
+    Raises:
+        InputError: as :func:`fit`.
+    """
+    model = fit(healthy_ranks, microbatches, healthy_s)
+    f = max(0.0, healthy_s - float(np.median(model.replica_s(model.microbatches))))
+    stages = tuple(float(x) for x in np.median(model.per_mb, axis=0))
+    step = 0.0 if model.step is None else float(np.median(model.step.max(axis=1)))
+    return f, stages, step
 
 
 #: A rank computing this many times its stage's healthy time per micro-batch is slow whether or not the
