@@ -31,6 +31,9 @@ from ``a`` and split the same way. Then:
   much extra time as the stage, else they are hidden behind the bottleneck); how much of the p2p
   waiting between it and its neighbours is theirs (they wait in receives for its sends) is part of the
   evidence and the confidence.
+* **after a rebalance** DP peers run unequal micro-batch counts: their pipeline sends tell the counts, and
+  each rank is compared at its group's mean count (``suspects.at_mean_work``: the compute outside the
+  pipeline, which does not scale, kept as it is).
 
 Each culprit comes with the evidence used and a confidence in [0, 1].
 

@@ -9,7 +9,15 @@ from typing import Any
 import numpy as np
 
 from failslow.culprit.results import Analysis, Culprit, GroupStat, RankStat
-from failslow.culprit.suspects import as_callable, links_not_explained, stage_suspects, with_stages
+from failslow.culprit.suspects import (
+    UNEVEN_SHARE,
+    as_callable,
+    at_mean_work,
+    links_not_explained,
+    peer_ratios,
+    stage_suspects,
+    with_stages,
+)
 from failslow.errors import InputError
 
 
@@ -19,7 +27,9 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
                        peers_of: Callable[[int], Sequence[int]] | None = None,
                        link_ratio: float = 1.1, compute_ratio: float = 1.1,
                        stage_of: Callable[[int], int] | Mapping[int, int] | None = None,
-                       stage_work: Mapping[int, float] | None = None, stage_ratio: float = 1.3) -> Analysis:
+                       stage_work: Mapping[int, float] | None = None, stage_ratio: float = 1.3,
+                       pipeline_sends: Mapping[int, float] | None = None,
+                       fixed_s: Mapping[int, float] | None = None) -> Analysis:
     """The same verdicts from per-window averages, as a metrics pipeline (Prometheus) provides them.
 
     Without per-call timestamps the wait/transfer split is estimated per group: in a collective the
@@ -37,6 +47,13 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
         stage_of: Rank -> pipeline stage; enables stage suspects (as in :func:`analyse`).
         stage_work: Stage -> relative work it holds (e.g. layers); default: equal.
         stage_ratio: Slow-stage threshold over the other stages' median per-work time outside calls.
+        pipeline_sends: Rank -> pipeline sends per iteration (its micro-batches, on a first or last stage of a
+            1F1B pipeline). Where a rank and its peers all sent some, each is compared at its group's mean
+            number of micro-batches (:func:`~failslow.culprit.suspects.at_mean_work`): after a rebalance DP
+            peers run unequal counts, and who waits for whom follows the split (no confidence from waits).
+        fixed_s: Rank -> its time outside calls that does not scale with micro-batches (the exporter's
+            outside-pipeline compute; on a first stage it holds one micro-batch, see ``at_mean_work``);
+            0 where absent.
     """
     if link_ratio <= 1.0 or compute_ratio <= 1.0 or stage_ratio <= 1.0:
         raise InputError("link_ratio, compute_ratio and stage_ratio must be above 1")
@@ -47,6 +64,11 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
         nodes = dict(node_of).__getitem__
     else:
         nodes = node_of
+    ranks_all: list[int] = sorted(int(r) for r in outside_s)
+    first = [r for r in ranks_all if as_callable(stage_of)(r) == 0] if stage_of is not None else []
+    out_f, shares, loose = at_mean_work({r: float(outside_s[r]) for r in ranks_all}, pipeline_sends, fixed_s, peers_of,
+                                 first)
+    uneven = any(abs(x - 1.0) > UNEVEN_SHARE for x in shares.values())
     raw = []
     for key, per_rank in group_call_s.items():
         vals = {r: float(v) for r, v in per_rank.items() if v == v}
@@ -54,6 +76,10 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
             continue
         transfer = min(vals.values())
         kind = group_kind.get(key, "") if group_kind is not None else ""
+        if uneven and all(r in shares for r in vals):
+            # A pipeline of fewer micro-batches waits more of each call in its fill and drain: only groups
+            # running the same share are alike (a DP group's members average to the mean share).
+            kind += f"@{sum(shares[r] for r in vals) / len(vals):.2f}"
         raw.append((key, kind, tuple(sorted(vals)), transfer))
     by_kind: dict[str, list[float]] = defaultdict(list)
     for _, kind, _, tr in raw:
@@ -74,25 +100,24 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
             tr = min(vals.values())
             for r, v in vals.items():
                 waited[r] += v - tr
-    ranks_all: list[int] = sorted(int(r) for r in outside_s)
-    stats = []
-    for r in ranks_all:
-        mates = [p for p in (peers_of(r) if peers_of is not None else ranks_all) if p != r and p in outside_s]
-        ref = float(np.median([outside_s[p] for p in mates])) if mates else float("nan")
-        ratio = float(outside_s[r]) / ref if mates and ref > 0 else float("nan")
-        stats.append(RankStat(rank=r, comm_s=float("nan"), outside_s=float(outside_s[r]), wait_s=waited[r],
-                              caused_s=float("nan"), last_fraction=float("nan"), ratio=ratio))
+    ratios = peer_ratios({r: float(outside_s[r]) for r in ranks_all}, out_f, loose, peers_of)
+    stats = [RankStat(rank=r, comm_s=float("nan"), outside_s=float(outside_s[r]), wait_s=waited[r],
+                      caused_s=float("nan"), last_fraction=float("nan"), ratio=ratios[r],
+                      work_share=shares.get(r, float("nan"))) for r in ranks_all]
     for rs in stats:
         if rs.ratio == rs.ratio and rs.ratio >= compute_ratio:
             # Victims wait; the culprit does not: little waiting of its own adds to the confidence.
             peer_wait = [s.wait_s for s in stats if s.rank != rs.rank]
             low_wait = 1.0 if not peer_wait or rs.wait_s <= float(np.median(peer_wait)) else 0.5
+            if uneven:  # who waits for whom follows the split, not the speed
+                low_wait = 0.5
             conf = round(0.5 * min(1.0, (rs.ratio - 1.0) / 0.5) + 0.5 * low_wait, 3)
+            evidence = {"outside_calls_ratio": round(rs.ratio, 3), "outside_calls_s": round(rs.outside_s, 6),
+                        "wait_s": round(rs.wait_s, 6)}
+            if rs.work_share == rs.work_share:
+                evidence["microbatch_share"] = round(rs.work_share, 3)
             culprits.append(Culprit(kind="compute", rank=rs.rank, node=nodes(rs.rank) if nodes else None,
-                                    ranks=(rs.rank,), confidence=conf,
-                                    evidence={"outside_calls_ratio": round(rs.ratio, 3),
-                                              "outside_calls_s": round(rs.outside_s, 6),
-                                              "wait_s": round(rs.wait_s, 6)}))
+                                    ranks=(rs.rank,), confidence=conf, evidence=evidence))
     if stage_of is not None:
         stages = as_callable(stage_of)
 
@@ -103,7 +128,6 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
             other = float(np.median(others)) if others else 0.0
             return other / (own + other) if own + other > 0 else 0.5
 
-        out_f = {r: float(outside_s[r]) for r in ranks_all}
         culprits = with_stages(culprits, stage_suspects(out_f, stages, stage_work, stage_ratio, wait_share,
                                                         0.0, nodes), stages, out_f)
     # Averages cannot split a call into wait and transfer, and a compute straggler's delay reaches the

@@ -11,9 +11,17 @@ from numpy.typing import NDArray
 
 from failslow.culprit.instances import Instance, match_instances
 from failslow.culprit.results import Analysis, Culprit, GroupStat, RankStat
-from failslow.culprit.suspects import as_callable, links_not_explained, stage_suspects, with_stages
+from failslow.culprit.suspects import (
+    UNEVEN_SHARE,
+    as_callable,
+    at_mean_work,
+    links_not_explained,
+    peer_ratios,
+    stage_suspects,
+    with_stages,
+)
 from failslow.errors import InputError
-from failslow.record.calls import Calls
+from failslow.record.calls import RECV, SEND, Calls
 
 
 def _union_time(starts: NDArray[np.float64], ends: NDArray[np.float64], lo: float, hi: float) -> float:
@@ -30,6 +38,52 @@ def _union_time(starts: NDArray[np.float64], ends: NDArray[np.float64], lo: floa
         else:
             cur_e = max(cur_e, b)
     return total + cur_e - cur_s
+
+
+def _pipeline_work(calls: Calls, ranks: Sequence[int], dp_group: Callable[[int], frozenset[int]] | None
+                   ) -> tuple[dict[int, float], dict[int, float]]:
+    """Per rank with pipeline sends in the window: its sends per iteration and its compute in the stretches
+    between two pipeline sends/receives that hold a call of its data-parallel group (the optimizer step and
+    what runs beside it: the exporter's outside-pipeline compute, summed over the window). An iteration is
+    such a stretch; where a rank has none (no `dp_group`, a pipeline without data parallelism, a short
+    window) the sends of every rank are the window's counts, and no fixed compute is told."""
+    members: dict[int, set[int]] = defaultdict(set)
+    for c, r in zip(calls.comm.tolist(), calls.rank.tolist(), strict=True):
+        members[int(c)].add(int(r))
+    sends: dict[int, float] = {}
+    fixed: dict[int, float] = {}
+    per_iteration: dict[int, float] = {}
+    for r in ranks:
+        m = calls.rank == r
+        ops = calls.op[m]
+        n_sends = int((ops == SEND).sum())
+        if not n_sends:
+            continue
+        sends[r] = float(n_sends)
+        if dp_group is None:
+            continue
+        group = dp_group(r)
+        o = np.argsort(calls.start[m], kind="stable")
+        starts, ends = calls.start[m][o].tolist(), calls.end[m][o].tolist()
+        p2p, comms = np.isin(ops[o], (SEND, RECV)).tolist(), calls.comm[m][o].tolist()
+        total, stretches, lo, own = 0.0, 0, None, False
+        inside: list[tuple[float, float]] = []
+        for a, b, pt, c in zip(starts, ends, p2p, comms, strict=True):
+            if pt:
+                if lo is not None and own and a > lo:
+                    st, en = np.array([x for x, _ in inside]), np.array([y for _, y in inside])
+                    total += (a - lo) - _union_time(st, en, lo, a)
+                    stretches += 1
+                lo = b if lo is None else max(lo, b)
+                inside, own = [], False
+                continue
+            inside.append((a, b))
+            own = own or members.get(int(c), set()) == group
+        if stretches:
+            fixed[r], per_iteration[r] = total, n_sends / stretches
+    if per_iteration and set(per_iteration) == set(sends):
+        return per_iteration, fixed
+    return sends, {}
 
 
 def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] | None = None,
@@ -144,28 +198,39 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
         r_lo, r_hi = max(lo, float(calls.start[m].min())), min(hi, float(calls.end[m].max()))
         comm_s[r] = _union_time(calls.start[m], calls.end[m], r_lo, r_hi)
         outside[r] = max(0.0, (r_hi - r_lo) - comm_s[r])
+    dp_group = None if peers_of is None else (lambda r: frozenset({r, *peers_of(r)}))
+    sends, fixed = _pipeline_work(calls, all_ranks, dp_group)
+    first = () if stage_of is None else [r for r in fixed if as_callable(stage_of)(r) == 0]
+    at_mean, shares, loose = at_mean_work(outside, sends, fixed, peers_of, first)
+    ratios = peer_ratios(outside, at_mean, loose, peers_of)
+
+    def uneven(r: int) -> bool:
+        group = [r, *(peers_of(r) if peers_of is not None else all_ranks)]
+        return any(abs(shares.get(p, 1.0) - 1.0) > UNEVEN_SHARE for p in group)
+
     rank_stats: list[RankStat] = []
     for r in all_ranks:
-        mates = [p for p in (peers_of(r) if peers_of is not None else all_ranks) if p != r and p in outside]
-        ref = float(np.median([outside[p] for p in mates])) if mates else float("nan")
-        ratio = outside[r] / ref if mates and ref > 0 else float("nan")
         rank_stats.append(RankStat(rank=r, comm_s=comm_s[r], outside_s=outside[r], wait_s=wait[r],
                                    caused_s=caused[r], last_fraction=last[r] / seen[r] if seen[r] else float("nan"),
-                                   ratio=ratio))
+                                   ratio=ratios[r], work_share=shares.get(r, float("nan"))))
     for rs in rank_stats:
         lastf = rs.last_fraction if rs.last_fraction == rs.last_fraction else 0.5
+        if uneven(rs.rank):  # who arrives last follows the split, not the speed: no evidence either way
+            lastf = 0.5
         # A compute suspect works longer than its peers *and* is the one the others wait for.
-        ref_out = rs.outside_s / rs.ratio if rs.ratio == rs.ratio and rs.ratio > 0 else rs.outside_s
+        mine = at_mean[rs.rank]
+        ref_out = mine / rs.ratio if rs.ratio == rs.ratio and rs.ratio > 0 else mine
         if (rs.ratio == rs.ratio and rs.ratio >= compute_ratio and lastf >= 0.5
-                and rs.outside_s - ref_out >= min_share * span):
+                and mine - ref_out >= min_share * span):
             excess = min(1.0, (rs.ratio - 1.0) / 0.5)
             conf = round(0.5 * excess + 0.5 * lastf, 3)
-            culprits.append(Culprit(
-                kind="compute", rank=rs.rank, node=nodes(rs.rank) if nodes is not None else None,
-                ranks=(rs.rank,), confidence=conf,
-                evidence={"outside_calls_ratio": round(rs.ratio, 3), "outside_calls_s": round(rs.outside_s, 6),
-                          "last_arrival_fraction": None if rs.last_fraction != rs.last_fraction
-                          else round(rs.last_fraction, 3), "caused_wait_s": round(rs.caused_s, 6)}))
+            evidence = {"outside_calls_ratio": round(rs.ratio, 3), "outside_calls_s": round(rs.outside_s, 6),
+                        "last_arrival_fraction": None if rs.last_fraction != rs.last_fraction
+                        else round(rs.last_fraction, 3), "caused_wait_s": round(rs.caused_s, 6)}
+            if rs.work_share == rs.work_share:
+                evidence["microbatch_share"] = round(rs.work_share, 3)
+            culprits.append(Culprit(kind="compute", rank=rs.rank, node=nodes(rs.rank) if nodes is not None else None,
+                                    ranks=(rs.rank,), confidence=conf, evidence=evidence))
     if stage_of is not None:
         stages = as_callable(stage_of)
 
@@ -174,8 +239,8 @@ def analyse(calls: Calls, *, node_of: Callable[[int], int] | Mapping[int, int] |
             waited = sum(p2p_waited[r] for r in members)
             return caused / (caused + waited) if caused + waited > 0 else 0.5
 
-        culprits = with_stages(culprits, stage_suspects(outside, stages, stage_work, stage_ratio, p2p_share,
-                                                        min_share * span, nodes), stages, outside)
+        culprits = with_stages(culprits, stage_suspects(at_mean, stages, stage_work, stage_ratio, p2p_share,
+                                                        min_share * span, nodes), stages, at_mean)
     culprits.extend(links_not_explained(groups, culprits, nodes))
     culprits.sort(key=lambda c: -c.confidence)
     return Analysis(culprits=culprits, groups=groups, ranks=rank_stats)

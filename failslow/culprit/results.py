@@ -42,7 +42,10 @@ class RankStat:
         wait_s: Time spent waiting for the last peer in matched instances.
         caused_s: Waiting this rank caused others by arriving last.
         last_fraction: Fraction of its collective instances in which it arrived last.
-        ratio: ``outside_s`` over the median of its peers' (NaN without peers).
+        ratio: ``outside_s`` over the median of its peers' (NaN without peers), both at their group's mean
+            share of the micro-batches when the shares are known (see ``work_share``).
+        work_share: The rank's micro-batches over its data-parallel group's mean, told by its pipeline
+            sends and receives (NaN: not known, e.g. no pipeline; ``outside_s`` is then compared as is).
     """
 
     rank: int
@@ -52,6 +55,7 @@ class RankStat:
     caused_s: float
     last_fraction: float
     ratio: float
+    work_share: float = float("nan")
 
 
 @dataclass(frozen=True)

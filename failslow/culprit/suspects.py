@@ -5,7 +5,7 @@ reconciled with them, and slow groups projected onto the node whose link they sh
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,6 +17,72 @@ from failslow.errors import InputError
 def as_callable(f: Callable[[int], int] | Mapping[int, int]) -> Callable[[int], int]:
     """A rank map as a function: a mapping's lookup, or ``f`` itself."""
     return dict(f).__getitem__ if isinstance(f, Mapping) else f
+
+
+#: A data-parallel group runs an uneven split when a member's micro-batches differ from the group's mean by
+#: more than this share (a window's cut edges shift the counts by a call or two).
+UNEVEN_SHARE = 0.03
+
+
+def at_mean_work(outside: Mapping[int, float], sends: Mapping[int, float] | None,
+                 fixed: Mapping[int, float] | None, peers_of: Callable[[int], Sequence[int]] | None,
+                 first: Collection[int] = ()) -> tuple[dict[int, float], dict[int, float], set[int]]:
+    """Each rank's time outside calls as if it ran its data-parallel group's mean number of micro-batches.
+
+    After a micro-batch rebalance DP peers no longer do the same work: a replica given 13 micro-batches of
+    16 computes four times what one given 3 does, and compared raw the healthy replica's ranks look like the
+    stragglers while the slowed one hides. A rank's pipeline sends per iteration (`sends`) count its
+    micro-batches (1F1B: one per micro-batch on a first or last stage, two on a middle one), so its
+    per-micro-batch part is rescaled to its group's mean ``s``: ``f + (outside - f) * s / sends`` with `f` its
+    compute that does not scale (`fixed`, the exporter's outside-pipeline compute: the optimizer step and
+    what runs beside it; 0 when not told). On a `first` stage `f` also holds one micro-batch's forward and
+    backward, so the rest covers ``sends - 1`` of them: ``f + (outside - f) * (s - 1) / (sends - 1)``. A rank
+    is left as measured when it or a peer sent nothing (no pipeline, e.g. pure DP, or not known).
+
+    Returns the rescaled times, for the rescaled ranks their share ``sends / s``, and the ranks of an uneven
+    share whose fixed compute was not told (their rescaled time may be off either way: :func:`peer_ratios`).
+    """
+    out = {r: float(v) for r, v in outside.items()}
+    shares: dict[int, float] = {}
+    loose: set[int] = set()
+    if not sends:
+        return out, shares, loose
+    for r, v in outside.items():
+        group = {r, *(p for p in (peers_of(r) if peers_of is not None else outside) if p in outside)}
+        w = [float(sends.get(p, float("nan"))) for p in group]
+        if len(group) < 2 or not all(x > 0 for x in w):
+            continue
+        mean, mine = sum(w) / len(w), float(sends[r])
+        f = float((fixed or {}).get(r, float("nan")))
+        if f != f:  # not told
+            f = 0.0
+            if abs(mine / mean - 1.0) > UNEVEN_SHARE:
+                loose.add(r)
+        f = min(max(f, 0.0), float(v))
+        held = 1.0 if r in first and f > 0 and mine > 1.0 and mean > 1.0 else 0.0
+        out[r] = f + (float(v) - f) * (mean - held) / (mine - held)
+        shares[r] = mine / mean
+    return out, shares, loose
+
+
+def peer_ratios(outside: Mapping[int, float], at_mean: Mapping[int, float], loose: Collection[int],
+                peers_of: Callable[[int], Sequence[int]] | None) -> dict[int, float]:
+    """Each rank's time outside calls over the median of its peers' (NaN without peers), both at their group's
+    mean micro-batches (:func:`at_mean_work`). Where the rank or a peer is `loose` (an uneven share with its
+    fixed compute not told: rescaling all of its time overstates a small share's step), the lower of that
+    ratio and the measured one: an uneven split alone then names nobody, a rank slow either way still is."""
+    out: dict[int, float] = {}
+    for r in outside:
+        mates = [p for p in (peers_of(r) if peers_of is not None else outside) if p != r and p in outside]
+        ratio = float("nan")
+        if mates:
+            ref = float(np.median([at_mean[p] for p in mates]))
+            ratio = at_mean[r] / ref if ref > 0 else float("nan")
+            if loose and (r in loose or any(p in loose for p in mates)):
+                raw = float(np.median([outside[p] for p in mates]))
+                ratio = min(ratio, float(outside[r]) / raw if raw > 0 else float("nan"))
+        out[r] = ratio
+    return out
 
 
 def stage_suspects(outside: Mapping[int, float], stage_of: Callable[[int], int],

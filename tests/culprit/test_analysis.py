@@ -105,3 +105,21 @@ def test_bad_input() -> None:
     lay = Layout(dp=2, pp=2)
     with pytest.raises(InputError):
         analyse(simulate(lay), stage_of=pp_stage(lay), stage_work={0: 0.0, 1: 1.0})
+
+
+@pytest.mark.parametrize("stage", [0, 1, 2])
+def test_an_uneven_split_is_compared_per_micro_batch(stage: int) -> None:
+    # After a rebalance replica 1, whose rank at `stage` is slow, keeps 3 of 16 micro-batches: compared raw
+    # its rank computes less than its peer (13 micro-batches); per micro-batch it is the slow one. Its sends
+    # tell the split, the stretches holding the DP all-reduce the step.
+    lay = Layout(dp=2, pp=3, ranks_per_node=1)
+    slow = next(r for r in range(lay.world_size) if (lay.coords(r).dp, lay.coords(r).pp) == (1, stage))
+    a = analyse(simulate(lay, slow_rank=slow, microbatches=[13, 3], step=0.02), node_of=lay.node_of,
+                peers_of=dp_peers(lay), group_role=group_role(lay), stage_of=pp_stage(lay))
+    assert [(c.kind, c.rank) for c in a.culprits] == [("compute", slow)], a.culprits
+    ev = a.culprits[0].evidence
+    assert ev["outside_calls_ratio"] == pytest.approx(2.0, rel=0.1) and ev["microbatch_share"] == pytest.approx(3 / 8)
+    healthy = analyse(simulate(lay, microbatches=[13, 3], step=0.02), node_of=lay.node_of, peers_of=dp_peers(lay),
+                      group_role=group_role(lay), stage_of=pp_stage(lay))
+    assert healthy.culprits == []
+    assert max(abs(s.ratio - 1.0) for s in healthy.ranks) < 0.05

@@ -13,9 +13,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import pytest
 
 from failslow.culprit import Analysis, analyse
 from failslow.detect import detect_series
@@ -85,3 +88,53 @@ def test_testbed_cpu_link_and_stage_faults(tmp_path: Path, failslow_cmd: list[st
         ups = [c.index for c in res.change_points if c.ratio > 1.1]
         assert any(abs(i - first_slow) <= 2 for i in ups), (first_slow, res.change_points, x)
     assert res.events and abs(res.events[0][0] - int(np.searchsorted(ends, faults["cpu"]["start_unix_s"]))) <= 2
+
+
+def _progress(run_dir: Path, rank: int) -> list[dict[str, Any]]:
+    f = run_dir / "progress" / f"rank{rank}.jsonl"
+    lines = f.read_text().splitlines() if f.exists() else []
+    return [d for d in map(json.loads, lines) if "it" in d]
+
+
+def test_testbed_cpu_fault_after_a_rebalance(tmp_path: Path, failslow_cmd: list[str]) -> None:
+    """A starved rank's replica is given 3 of 16 micro-batches (the testbed's control channel, as S2 does):
+    read raw its rank computes about as long as its DP peer with 13; per micro-batch it is still the culprit.
+
+    Every rank is a device of its own (``--device-speed``): without it the two ranks left with 13
+    micro-batches keep both cores busy and the replica's healthy first stage really does compute 1.3x
+    slower per micro-batch whenever it runs beside them."""
+    rings, run_dir, report = tmp_path / "rings", tmp_path / "run", tmp_path / "report.json"
+    rings.mkdir()
+    env = dict(os.environ, FAILSLOW_KEEP_RINGS="1")
+    cmd = [*failslow_cmd, "testbed", "run", "--dp", "2", "--pp", "2", "--micro-batches", "8",
+           "--micro-batch-size", "1", "--device-speed", "0.4", "--iterations", "30", "--torch-hook", "--ring-dir", str(rings),
+           "--run-dir", str(run_dir), "--job", f"culprit-split-{os.getpid()}", "--loopback",
+           "--inject", f"cpu:rank={CPU_RANK},quota=0.1,start_iter=3", "--report", str(report)]
+    job = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while len(_progress(run_dir, 0)) < 8 and job.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        ctl = subprocess.run([*failslow_cmd, "testbed", "control", "--run-dir", str(run_dir), "microbatches", "13,3"],
+                             capture_output=True, text=True, timeout=120)
+        assert ctl.returncode == 0, ctl.stdout + ctl.stderr
+        split_at = int(json.loads(ctl.stdout)["from_iteration"])
+        out, _ = job.communicate(timeout=420)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, out[-2000:]
+    rep = json.loads(report.read_text())
+    lay = Layout(**{k: v for k, v in rep["layout"].items() if k in ("tp", "pp", "dp", "cp", "ranks_per_node")})
+    assert lay.coords(CPU_RANK).dp == 1
+    prog = {d["it"]: d for d in _progress(run_dir, 0)}
+    assert prog[split_at + 2]["mb"] == 13 and split_at + 8 < max(prog)
+    calls = Calls.concat(calls_from_ring_dir(rings))
+    after = _analyse(_window(calls, prog[split_at + 1]["end_unix"], prog[max(prog) - 1]["end_unix"]), lay)
+    assert [(c.kind, c.rank) for c in after.culprits] == [("compute", CPU_RANK)], after.culprits
+    ev = after.culprits[0].evidence
+    assert ev["microbatch_share"] == pytest.approx(3 / 8, rel=0.1) and ev["outside_calls_ratio"] > 2.0, ev
+    raw = {s.rank: s.outside_s for s in after.ranks}
+    peer = next(p for p in lay.dp_group(CPU_RANK) if p != CPU_RANK)
+    # compared raw the starved rank's 3 micro-batches hide most of its slowness behind its peer's 13
+    assert raw[CPU_RANK] / raw[peer] < 0.5 * ev["outside_calls_ratio"], (raw, ev)
