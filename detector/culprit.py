@@ -5,7 +5,11 @@ Queries (``W`` = the slow period so far, capped by ``culprit_window_s``):
 * ``avg_over_time(failslow_iteration_compute_seconds{job=J}[W])``: time per iteration outside calls;
 * ``sum by (rank, comm) (rate(failslow_comm_call_duration_seconds_sum{job=J}[W]))`` over the same for
   ``_count``: mean time per call of each rank on each communicator;
-* ``failslow_comm_info{job=J}``: the parallel role of each communicator, so only like groups are compared.
+* ``failslow_comm_info{job=J}``: the parallel role of each communicator, so only like groups are compared;
+* each rank's ``Send`` calls per iteration, averaged over ``W`` as the gauges are, and
+  ``avg_over_time(failslow_iteration_outside_pipeline_compute_seconds{job=J}[W])``: its micro-batches and
+  the compute that does not scale with them, so DP peers running an uneven split (after a rebalance) are
+  compared per micro-batch.
 
 Then :func:`failslow.culprit.analyse_aggregates` names the suspects; peers of a rank are the ranks with the
 same ``pp_rank``/``tp_rank`` labels (its data-parallel group), stages come from ``pp_rank`` (a whole slow
@@ -18,6 +22,7 @@ from typing import Any
 
 from detector.prom import PromClient, Sample
 from failslow.culprit import Analysis, analyse_aggregates
+from failslow.culprit.suspects import UNEVEN_SHARE
 
 
 def _esc(v: str) -> str:
@@ -33,17 +38,23 @@ def _rank(s: Sample) -> int | None:
 
 def analyse_job(prom: PromClient, job: str, window_s: float,
                 rank_labels: dict[int, dict[str, str]], before_s: float | None = None,
-                healthy_window_s: float = 120.0) -> tuple[Analysis, dict[int, str]]:
+                healthy_window_s: float = 120.0, step_s: float = 15.0) -> tuple[Analysis, dict[int, str]] | None:
     """Query one job's aggregates and run the culprit analysis (raises PromUnavailable).
 
     `before_s`: how long ago the slowdown began; the stages' compute over the `healthy_window_s` before it is
     each stage's own work, so a stage is compared with the others relative to its healthy self (the last
     stage's LM head and loss make it heavier in any healthy job). Unknown: stages count as equal work.
+    `step_s`: the scrape (poll) interval, the resolution the pipeline sends are averaged at.
 
-    Returns the analysis and the node names behind its node numbers.
+    Returns the analysis and the node names behind its node numbers; None while the job's micro-batch split
+    changed too recently to be analysed (:func:`settled_window`).
     """
-    w = f"{max(1, int(window_s * 1000))}ms"
     sel = f'job="{_esc(job)}"'
+    settled = settled_window(prom, sel, window_s, step_s)
+    if settled is None:
+        return None
+    window_s = settled
+    w = f"{max(1, int(window_s * 1000))}ms"
     outside: dict[int, float] = {}
     for s in prom.query(f"avg_over_time(failslow_iteration_compute_seconds{{{sel}}}[{w}])"):
         r = _rank(s)
@@ -87,9 +98,69 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
     # Stages are compared only when every rank's stage is known (a partial map would mis-pool ranks).
     use_stages = bool(outside) and all(r in stage_of for r in outside) and len(set(stage_of.values())) > 1
     work = _stage_work(prom, sel, stage_of, before_s, healthy_window_s) if use_stages else None
+    sends, fixed = _pipeline(prom, sel, w, step_s, window_s)
     analysis = analyse_aggregates(outside, groups, group_kind=kinds, node_of=node_of, peers_of=peers,
-                                  stage_of=stage_of if use_stages else None, stage_work=work)
+                                  stage_of=stage_of if use_stages else None, stage_work=work,
+                                  pipeline_sends=sends, fixed_s=fixed)
     return analysis, {i: n for n, i in node_ids.items()}
+
+
+#: The fewest poll intervals a culprit window is cut down to when the micro-batch split changed inside it.
+MIN_SETTLED_STEPS = 6
+
+
+def _ms(seconds: float) -> str:
+    return f"{max(1, int(seconds * 1000))}ms"
+
+
+def _sends(prom: PromClient, sel: str, step_s: float, window_s: float | None) -> dict[int, float]:
+    """Each rank's pipeline sends per iteration (its micro-batches) over the last 4 poll intervals, averaged
+    every `step_s` over the last `window_s` (None: only the newest), as ``avg_over_time`` averages the gauges:
+    a window holding a rebalance runs more iterations per second on one side of it, and a count over all its
+    iterations would weigh that side more than the gauges do."""
+    rate = _ms(4 * step_s)
+    now = (f'sum by (rank) (rate(failslow_comm_calls_total{{{sel},op="Send"}}[{rate}])) '
+           f'/ sum by (rank) (rate(failslow_iterations_total{{{sel}}}[{rate}]))')
+    expr = now if window_s is None else f"avg_over_time(({now})[{_ms(window_s)}:{_ms(step_s)}])"
+    out: dict[int, float] = {}
+    for s in prom.query(expr):
+        r = _rank(s)
+        if r is not None and s.value > 0 and s.value != float("inf"):
+            out[r] = s.value
+    return out
+
+
+def settled_window(prom: PromClient, sel: str, window_s: float, step_s: float) -> float | None:
+    """The window the culprit analysis may average over: `window_s`, unless a rank's pipeline sends per
+    iteration over it differ from its newest (by more than ``UNEVEN_SHARE``): the split changed inside it,
+    and averages across the change compare each rank's compute with a mix of two splits (a healthy rank was
+    named at 1.12x its peer). Then the window is halved until it holds the newest split alone, and halved once
+    more, as the exporter's gauges are means over its last iterations and lag the change. None: the change
+    is too recent for a window of ``MIN_SETTLED_STEPS`` poll intervals (the analysis waits). A job without
+    pipeline sends keeps `window_s`."""
+    newest = _sends(prom, sel, step_s, None)
+    if not newest:
+        return window_s
+    w = window_s
+    while w == window_s or w >= MIN_SETTLED_STEPS * step_s:
+        avg = _sends(prom, sel, step_s, w)
+        if all(r in avg and abs(avg[r] / v - 1.0) <= UNEVEN_SHARE for r, v in newest.items()):
+            return w if w == window_s else max(w / 2, MIN_SETTLED_STEPS * step_s)
+        w /= 2
+    return None
+
+
+def _pipeline(prom: PromClient, sel: str, w: str, step_s: float, window_s: float
+              ) -> tuple[dict[int, float], dict[int, float]]:
+    """Each rank's pipeline sends per iteration (:func:`_sends`) and its outside-pipeline compute over the
+    window (empty where a rank has neither)."""
+    sends = _sends(prom, sel, step_s, window_s)
+    fixed: dict[int, float] = {}
+    for s in prom.query(f"avg_over_time(failslow_iteration_outside_pipeline_compute_seconds{{{sel}}}[{w}])"):
+        r = _rank(s)
+        if r is not None and s.value == s.value:
+            fixed[r] = s.value
+    return sends, fixed
 
 
 def _stage_work(prom: PromClient, sel: str, stage_of: dict[int, int], before_s: float | None,

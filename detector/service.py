@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from detector.culprit import analyse_job, suspects
+from detector.culprit import MIN_SETTLED_STEPS, analyse_job, suspects
 from detector.engine import Engine, Key
 from detector.metrics import DetectorMetrics
 from detector.prom import PromClient, PromUnavailable
@@ -271,8 +271,9 @@ class Detector:
                     ranks[int(r)] = lab
             window = min(self.settings.culprit_window_s, max(now - ev.onset_ts, 3 * self.settings.poll_interval_s))
             try:
-                analysis, names = analyse_job(self.prom, job, window, ranks,
-                                              before_s=now - ev.onset_ts + self.settings.poll_interval_s)
+                done = analyse_job(self.prom, job, window, ranks,
+                                   before_s=now - ev.onset_ts + self.settings.poll_interval_s,
+                                   step_s=self.settings.poll_interval_s)
             except PromUnavailable as exc:
                 log.warning("culprit analysis for %s postponed: %s", job, exc)
                 continue
@@ -280,6 +281,12 @@ class Detector:
                 log.exception("culprit analysis for %s failed", job)
                 self._culprit_due[job] = self.settings.culprit_every
                 continue
+            if done is None:  # the split changed too recently: the suspects stand, a look again soon
+                log.info("culprit analysis for %s waits: its micro-batch split changed in the last %.0f s", job,
+                         MIN_SETTLED_STEPS * self.settings.poll_interval_s)
+                self._culprit_due[job] = MIN_SETTLED_STEPS // 2
+                continue
+            analysis, names = done
             ev.suspects = suspects(analysis, names, self.settings.max_suspects,
                                    {r: lab.get("node", "") for r, lab in ranks.items()})
             self._culprit_due[job] = self.settings.culprit_every

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import GaugeMetricFamily, SummaryMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
 from failslow_cli.stack.processes import detector_service, free_port, prometheus_service, redis_service
 
@@ -29,7 +29,11 @@ class FakeJob:
     ``slow_node`` makes every communicator spanning that node transfer ``factor`` times slower;
     ``slow_stage`` makes every rank of that pipeline stage compute ``factor`` times longer.
     ``work`` scales every iteration (a batch-size ramp's stair: more samples per iteration); ``samples``,
-    when set, is published as the job's ``failslow_iteration_samples`` gauge.
+    when set, is published as the job's ``failslow_iteration_samples`` gauge. ``microbatches``, when set,
+    is each DP replica's count (a rebalance makes them unequal): a rank's compute is then 0.1 s of optimizer
+    step plus 0.7 s per mean count, scaled by its count, and the endpoint publishes what the exporter tells
+    of it: one pipeline send per micro-batch (``failslow_comm_calls_total``, op Send), the iterations, and
+    the compute outside the pipeline (the step; a first stage's also one micro-batch).
     """
 
     job: str = "train"
@@ -43,9 +47,12 @@ class FakeJob:
     comm_metrics: bool = True
     work: float = 1.0
     samples: int | None = None
+    microbatches: tuple[int, ...] | None = None
     tick: int = 0
     counts: dict[tuple[int, str], float] = field(default_factory=dict)
     sums: dict[tuple[int, str], float] = field(default_factory=dict)
+    sends: dict[int, float] = field(default_factory=dict)
+    iterations: dict[int, float] = field(default_factory=dict)
 
     @property
     def world(self) -> int:
@@ -66,8 +73,20 @@ class FakeJob:
         """One exporter window: per-call means and the resulting iteration times."""
         self.tick += 1
         jitter = 1.0 + 0.01 * ((self.tick * 7919) % 13 - 6) / 6.0
-        compute = {r: 0.8 * (self.factor if r == self.slow_rank or self.coords(r)[1] == self.slow_stage else 1.0)
-                   for r in range(self.world)}
+        slowed = {r: self.factor if r == self.slow_rank or self.coords(r)[1] == self.slow_stage else 1.0
+                  for r in range(self.world)}
+        mbs = self.microbatches
+        if mbs is None:
+            compute = {r: 0.8 * slowed[r] for r in range(self.world)}
+        else:
+            mean = sum(mbs) / len(mbs)
+            share = {r: mbs[self.coords(r)[0]] / mean for r in range(self.world)}
+            compute = {r: (0.1 + 0.7 * share[r]) * slowed[r] for r in range(self.world)}
+            self._outside_pipeline = {r: (0.1 + (0.7 / mean if self.coords(r)[1] == 0 else 0.0)) * slowed[r]
+                                      for r in range(self.world)}
+            for r in range(self.world):
+                self.sends[r] = self.sends.get(r, 0.0) + mbs[self.coords(r)[0]]
+                self.iterations[r] = self.iterations.get(r, 0.0) + 1
         slowest = max(compute.values())
         for name, (_kind, ranks) in self.comms().items():
             link = self.factor if self.slow_node is not None and self.slow_node in ranks else 1.0
@@ -93,6 +112,19 @@ class FakeJob:
             cs.add_metric(labels, self._compute[r])
         yield it
         yield cs
+        if self.microbatches is not None:
+            op = GaugeMetricFamily("failslow_iteration_outside_pipeline_compute_seconds", "step", labels=lab)
+            its = CounterMetricFamily("failslow_iterations", "iterations", labels=lab)
+            calls = CounterMetricFamily("failslow_comm_calls", "calls", labels=["job", "rank", "comm", "op", "nranks"])
+            for r in range(self.world):
+                d, p = self.coords(r)
+                labels = [self.job, str(r), str(d), str(p), "0", f"node{r}"]
+                op.add_metric(labels, self._outside_pipeline[r])
+                its.add_metric(labels, self.iterations[r])
+                calls.add_metric([self.job, str(r), f"pp{d}", "Send", str(self.pp)], self.sends[r])
+            yield op
+            yield its
+            yield calls
         if self.samples is not None:
             fam = GaugeMetricFamily("failslow_iteration_samples", "samples per iteration", labels=["job"])
             fam.add_metric([self.job], float(self.samples))

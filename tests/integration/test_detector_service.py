@@ -199,6 +199,31 @@ def test_stage_fault_names_every_rank_of_the_stage(stack) -> None:
     assert _value(det, "failslow_detector_suspect", job="train", kind="compute", rank="2", node="node2") > 0.5
 
 
+def test_after_a_rebalance_the_slowed_rank_is_named_not_its_busier_peer(stack) -> None:
+    """Rank 3 (replica 1, stage 1) computes twice as long; then a rebalance gives replica 1 3 micro-batches of
+    16. Read raw, rank 3 now computes less than its DP peer rank 2 (13 micro-batches: 1.24 s against 0.73 s);
+    per micro-batch, told by their pipeline sends and outside-pipeline compute, it is still the slow one."""
+    job, _ep, prom, red = stack
+    job.microbatches, job.factor = (8, 8), 2.0
+    det = build(_settings(prom, red), CollectorRegistry())
+    _wait_for_samples(det)
+    _poll(det, 15)
+    job.slow_rank = 3
+    _poll(det, 40, lambda d: _value(d, "failslow_detector_failslow", job="train") == 1.0)
+    _poll(det, 60, lambda d: [s["rank"] for s in d.engine.jobs["train"].suspects] == ["3"])
+    assert [(s["kind"], s["rank"]) for s in det.engine.jobs["train"].suspects] == [("compute", "3")]
+    job.microbatches = (13, 3)
+    named: list[list[str]] = []
+    for _ in range(40):  # 8 analyses over windows holding ever more of the split
+        _poll(det, 1)
+        named.append([s["rank"] for s in det.engine.jobs["train"].suspects])
+    assert all(n == ["3"] for n in named), named
+    ev = det.engine.jobs["train"].suspects[0]["evidence"]
+    # the window holds the new split alone (cut down while the change was in it): the fault's own factor
+    assert ev["outside_calls_ratio"] == pytest.approx(2.0, rel=0.05), ev
+    assert ev["microbatch_share"] == pytest.approx(3 / 8, rel=0.03), ev
+
+
 def test_a_job_that_stops_is_dropped_with_its_series_and_state(tmp_path: Path) -> None:
     """A job that ends (its series vanish) loses its detector rows, exported series and Redis event."""
     live, gone = FakeJob(job="live"), FakeJob(job="gone")
