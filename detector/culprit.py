@@ -130,21 +130,42 @@ def _sends(prom: PromClient, sel: str, step_s: float, window_s: float | None) ->
     return out
 
 
+def _restarted(prom: PromClient, sel: str, step_s: float, window_s: float) -> bool:
+    """Whether a rank of the job restarted inside the last `window_s` (its iteration counter reset) or moved
+    (a series of it ended: its node label changed, as an S3 or S4 restart on another node does)."""
+    w = _ms(window_s)
+    if any(s.value > 0 for s in prom.query(f"sum by (rank) (resets(failslow_iterations_total{{{sel}}}[{w}]))")):
+        return True
+    def series(span: str) -> dict[str | None, float]:
+        return {s.labels.get("rank"): s.value for s in
+                prom.query(f"count by (rank) (last_over_time(failslow_iteration_compute_seconds{{{sel}}}[{span}]))")}
+    now = series(_ms(2 * step_s))
+    return any(n > now.get(r, 0.0) for r, n in series(w).items())
+
+
 def settled_window(prom: PromClient, sel: str, window_s: float, step_s: float) -> float | None:
-    """The window the culprit analysis may average over: `window_s`, unless a rank's pipeline sends per
-    iteration over it differ from its newest (by more than ``UNEVEN_SHARE``): the split changed inside it,
-    and averages across the change compare each rank's compute with a mix of two splits (a healthy rank was
-    named at 1.12x its peer). Then the window is halved until it holds the newest split alone, and halved once
-    more, as the exporter's gauges are means over its last iterations and lag the change. None: the change
-    is too recent for a window of ``MIN_SETTLED_STEPS`` poll intervals (the analysis waits). A job without
-    pipeline sends keeps `window_s`."""
+    """The window the culprit analysis may average over: `window_s`, unless the job changed inside it.
+
+    A change is a rank whose pipeline sends per iteration over the window differ from its newest (by more
+    than ``UNEVEN_SHARE``: the split changed, and averages across it compare each rank's compute with a mix
+    of two splits; a healthy rank was named at 1.12x its peer), or a rank that restarted or moved
+    (:func:`_restarted`: after an S3 or S4 move the slow device holds another rank, and a window across it
+    names both). Then the window is halved until it holds the newest state alone, and halved once more, as
+    the exporter's gauges are means over its last iterations and lag the change. None: the change is too
+    recent for a window of ``MIN_SETTLED_STEPS`` poll intervals (the analysis waits)."""
     newest = _sends(prom, sel, step_s, None)
-    if not newest:
-        return window_s
+
+    def settled(w: float) -> bool:
+        if _restarted(prom, sel, step_s, w):
+            return False
+        if not newest:
+            return True
+        avg = _sends(prom, sel, step_s, w)
+        return all(r in avg and abs(avg[r] / v - 1.0) <= UNEVEN_SHARE for r, v in newest.items())
+
     w = window_s
     while w == window_s or w >= MIN_SETTLED_STEPS * step_s:
-        avg = _sends(prom, sel, step_s, w)
-        if all(r in avg and abs(avg[r] / v - 1.0) <= UNEVEN_SHARE for r, v in newest.items()):
+        if settled(w):
             return w if w == window_s else max(w / 2, MIN_SETTLED_STEPS * step_s)
         w /= 2
     return None

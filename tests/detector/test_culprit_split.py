@@ -1,5 +1,5 @@
-"""The culprit window is cut down to the newest micro-batch split when the split changed inside it
-(detector/culprit.py `settled_window`)."""
+"""The culprit window is cut down to the newest micro-batch split when the split changed inside it, and to
+the newest incarnation when a rank restarted or moved (detector/culprit.py `settled_window`)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ class SplitProm:
         self.windows: list[float] = []
 
     def query(self, expr: str, at: float | None = None) -> list[Sample]:
+        if expr.startswith(("sum by (rank) (resets(", "count by (rank) (last_over_time(")):
+            return []  # no rank restarted or moved
         assert 'op="Send"' in expr and "failslow_iterations_total" in expr, expr
         m = re.search(r"\)\[(\d+)ms:(\d+)ms\]\)$", expr)
         window = None if m is None else int(m.group(1)) / 1000
@@ -63,3 +65,26 @@ def test_a_job_without_pipeline_sends_keeps_the_window() -> None:
             return []
 
     assert settled_window(NoSends(), 'job="j"', 60.0, STEP) == 60.0  # type: ignore[arg-type]
+
+
+class MoveProm:
+    """A pure-DP job whose rank 1 moved to another node (an S4 restart) `ago` seconds ago: its counter reset
+    and its old series ended then."""
+
+    def __init__(self, ago: float) -> None:
+        self.ago = ago
+
+    def query(self, expr: str, at: float | None = None) -> list[Sample]:
+        window = int(re.findall(r"\[(\d+)ms\]", expr)[-1]) / 1000 if "[" in expr else 0.0
+        holds = window > self.ago
+        if expr.startswith("sum by (rank) (resets("):
+            return [Sample({"rank": "0"}, 0.0), Sample({"rank": "1"}, 1.0 if holds else 0.0)]
+        if expr.startswith("count by (rank) (last_over_time("):
+            return [Sample({"rank": "0"}, 1.0), Sample({"rank": "1"}, 2.0 if holds else 1.0)]
+        return []  # no pipeline sends
+
+
+def test_a_window_holding_a_restart_or_a_move_is_cut_to_the_newest_incarnation() -> None:
+    assert settled_window(MoveProm(20.0), 'job="j"', 60.0, STEP) == 7.5
+    assert settled_window(MoveProm(3.0), 'job="j"', 60.0, STEP) is None
+    assert settled_window(MoveProm(100.0), 'job="j"', 60.0, STEP) == 60.0

@@ -33,7 +33,8 @@ class FakeJob:
     is each DP replica's count (a rebalance makes them unequal): a rank's compute is then 0.1 s of optimizer
     step plus 0.7 s per mean count, scaled by its count, and the endpoint publishes what the exporter tells
     of it: one pipeline send per micro-batch (``failslow_comm_calls_total``, op Send), the iterations, and
-    the compute outside the pipeline (the step; a first stage's also one micro-batch).
+    the compute outside the pipeline (the step; a first stage's also one micro-batch). ``nodes`` moves ranks
+    to other node labels (their old series end, as after a restart on another node).
     """
 
     job: str = "train"
@@ -48,6 +49,7 @@ class FakeJob:
     work: float = 1.0
     samples: int | None = None
     microbatches: tuple[int, ...] | None = None
+    nodes: dict[int, str] = field(default_factory=dict)  # rank -> node label, where not f"node{rank}"
     tick: int = 0
     counts: dict[tuple[int, str], float] = field(default_factory=dict)
     sums: dict[tuple[int, str], float] = field(default_factory=dict)
@@ -107,7 +109,7 @@ class FakeJob:
         cs = GaugeMetricFamily("failslow_iteration_compute_seconds", "outside calls", labels=lab)
         for r in range(self.world):
             d, p = self.coords(r)
-            labels = [self.job, str(r), str(d), str(p), "0", f"node{r}"]
+            labels = [self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")]
             it.add_metric(labels, self._iter[r])
             cs.add_metric(labels, self._compute[r])
         yield it
@@ -118,7 +120,7 @@ class FakeJob:
             calls = CounterMetricFamily("failslow_comm_calls", "calls", labels=["job", "rank", "comm", "op", "nranks"])
             for r in range(self.world):
                 d, p = self.coords(r)
-                labels = [self.job, str(r), str(d), str(p), "0", f"node{r}"]
+                labels = [self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")]
                 op.add_metric(labels, self._outside_pipeline[r])
                 its.add_metric(labels, self.iterations[r])
                 calls.add_metric([self.job, str(r), f"pp{d}", "Send", str(self.pp)], self.sends[r])

@@ -199,10 +199,11 @@ def test_stage_fault_names_every_rank_of_the_stage(stack) -> None:
     assert _value(det, "failslow_detector_suspect", job="train", kind="compute", rank="2", node="node2") > 0.5
 
 
-def test_after_a_rebalance_the_slowed_rank_is_named_not_its_busier_peer(stack) -> None:
+def test_after_a_rebalance_or_a_move_the_slow_device_alone_is_named(stack) -> None:
     """Rank 3 (replica 1, stage 1) computes twice as long; then a rebalance gives replica 1 3 micro-batches of
     16. Read raw, rank 3 now computes less than its DP peer rank 2 (13 micro-batches: 1.24 s against 0.73 s);
-    per micro-batch, told by their pipeline sends and outside-pipeline compute, it is still the slow one."""
+    per micro-batch, told by their pipeline sends and outside-pipeline compute, it is still the slow one.
+    Then a move puts rank 2 on the slow device: a window across the move named both ranks."""
     job, _ep, prom, red = stack
     job.microbatches, job.factor = (8, 8), 2.0
     det = build(_settings(prom, red), CollectorRegistry())
@@ -222,6 +223,15 @@ def test_after_a_rebalance_the_slowed_rank_is_named_not_its_busier_peer(stack) -
     # the window holds the new split alone (cut down while the change was in it): the fault's own factor
     assert ev["outside_calls_ratio"] == pytest.approx(2.0, rel=0.05), ev
     assert ev["microbatch_share"] == pytest.approx(3 / 8, rel=0.03), ev
+    # A restart swaps ranks 2 and 3 between their nodes (an S3 move): the slow device, node3, now holds rank 2.
+    # Until a window holds the new placement alone the suspects stand, then rank 2 is named on node3.
+    job.nodes, job.slow_rank = {2: "node3", 3: "node2"}, 2
+    moved: list[list[tuple[str, str]]] = []
+    for _ in range(40):
+        _poll(det, 1)
+        moved.append([(s["rank"], s["node"]) for s in det.engine.jobs["train"].suspects])
+    assert all(m in ([("3", "node3")], [("2", "node3")]) for m in moved), moved
+    assert moved[-1] == [("2", "node3")], moved
 
 
 def test_a_job_that_stops_is_dropped_with_its_series_and_state(tmp_path: Path) -> None:
