@@ -47,7 +47,7 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
     `step_s`: the scrape (poll) interval, the resolution the pipeline sends are averaged at.
 
     Returns the analysis and the node names behind its node numbers; None while the job's micro-batch split
-    changed too recently to be analysed (:func:`settled_window`).
+    or placement changed too recently to be analysed (:func:`settled_window`).
     """
     sel = f'job="{_esc(job)}"'
     settled = settled_window(prom, sel, window_s, step_s)
@@ -105,7 +105,7 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
     return analysis, {i: n for n, i in node_ids.items()}
 
 
-#: The fewest poll intervals a culprit window is cut down to when the micro-batch split changed inside it.
+#: The fewest poll intervals a culprit window is cut down to when the job's split or placement changed in it.
 MIN_SETTLED_STEPS = 6
 
 

@@ -281,8 +281,8 @@ class Detector:
                 log.exception("culprit analysis for %s failed", job)
                 self._culprit_due[job] = self.settings.culprit_every
                 continue
-            if done is None:  # the split changed too recently: the suspects stand, a look again soon
-                log.info("culprit analysis for %s waits: its micro-batch split changed in the last %.0f s", job,
+            if done is None:  # the split or placement changed too recently: the suspects stand, look again soon
+                log.info("culprit analysis for %s waits: its split or placement changed in the last %.0f s", job,
                          MIN_SETTLED_STEPS * self.settings.poll_interval_s)
                 self._culprit_due[job] = MIN_SETTLED_STEPS // 2
                 continue
