@@ -36,6 +36,11 @@ def _rank(s: Sample) -> int | None:
         return None
 
 
+def _ms(seconds: float) -> str:
+    """A PromQL duration of `seconds`, in whole milliseconds (at least 1)."""
+    return f"{max(1, int(seconds * 1000))}ms"
+
+
 def analyse_job(prom: PromClient, job: str, window_s: float,
                 rank_labels: dict[int, dict[str, str]], before_s: float | None = None,
                 healthy_window_s: float = 120.0, step_s: float = 15.0) -> tuple[Analysis, dict[int, str]] | None:
@@ -54,7 +59,7 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
     if settled is None:
         return None
     window_s = settled
-    w = f"{max(1, int(window_s * 1000))}ms"
+    w = _ms(window_s)
     outside: dict[int, float] = {}
     for s in prom.query(f"avg_over_time(failslow_iteration_compute_seconds{{{sel}}}[{w}])"):
         r = _rank(s)
@@ -107,10 +112,6 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
 
 #: The fewest poll intervals a culprit window is cut down to when the job's split or placement changed in it.
 MIN_SETTLED_STEPS = 6
-
-
-def _ms(seconds: float) -> str:
-    return f"{max(1, int(seconds * 1000))}ms"
 
 
 def _sends(prom: PromClient, sel: str, step_s: float, window_s: float | None) -> dict[int, float]:
@@ -189,8 +190,7 @@ def _stage_work(prom: PromClient, sel: str, stage_of: dict[int, int], before_s: 
     """Each stage's compute per iteration before the slowdown (its fastest rank's), or None when unknown."""
     if before_s is None or before_s <= 0:
         return None
-    h = f"{max(1, int(healthy_window_s * 1000))}ms"
-    off = f"{max(1, int(before_s * 1000))}ms"
+    h, off = _ms(healthy_window_s), _ms(before_s)
     best: dict[int, float] = {}
     for s in prom.query(f"avg_over_time(failslow_iteration_compute_seconds{{{sel}}}[{h}] offset {off})"):
         r = _rank(s)

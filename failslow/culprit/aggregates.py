@@ -66,8 +66,8 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
         nodes = node_of
     ranks_all: list[int] = sorted(int(r) for r in outside_s)
     first = [r for r in ranks_all if as_callable(stage_of)(r) == 0] if stage_of is not None else []
-    out_f, shares, loose = at_mean_work({r: float(outside_s[r]) for r in ranks_all}, pipeline_sends, fixed_s, peers_of,
-                                 first)
+    measured = {r: float(outside_s[r]) for r in ranks_all}
+    out_f, shares, loose = at_mean_work(measured, pipeline_sends, fixed_s, peers_of, first)
     uneven = any(abs(x - 1.0) > UNEVEN_SHARE for x in shares.values())
     raw = []
     for key, per_rank in group_call_s.items():
@@ -100,8 +100,8 @@ def analyse_aggregates(outside_s: Mapping[int, float], group_call_s: Mapping[Any
             tr = min(vals.values())
             for r, v in vals.items():
                 waited[r] += v - tr
-    ratios = peer_ratios({r: float(outside_s[r]) for r in ranks_all}, out_f, loose, peers_of)
-    stats = [RankStat(rank=r, comm_s=float("nan"), outside_s=float(outside_s[r]), wait_s=waited[r],
+    ratios = peer_ratios(measured, out_f, loose, peers_of)
+    stats = [RankStat(rank=r, comm_s=float("nan"), outside_s=measured[r], wait_s=waited[r],
                       caused_s=float("nan"), last_fraction=float("nan"), ratio=ratios[r],
                       work_share=shares.get(r, float("nan"))) for r in ranks_all]
     for rs in stats:
