@@ -6,10 +6,13 @@ Queries (``W`` = the slow period so far, capped by ``culprit_window_s``):
 * ``sum by (rank, comm) (rate(failslow_comm_call_duration_seconds_sum{job=J}[W]))`` over the same for
   ``_count``: mean time per call of each rank on each communicator;
 * ``failslow_comm_info{job=J}``: the parallel role of each communicator, so only like groups are compared;
-* each rank's ``Send`` calls per iteration, averaged over ``W`` as the gauges are, and
+* each rank's ``Send`` calls per iteration over ``W`` (the increase of ``failslow_comm_calls_total`` over
+  that of ``failslow_iterations_total``) and
   ``avg_over_time(failslow_iteration_outside_pipeline_compute_seconds{job=J}[W])``: its micro-batches and
   the compute that does not scale with them, so DP peers running an uneven split (after a rebalance) are
-  compared per micro-batch.
+  compared per micro-batch;
+* ``changes(failslow_iteration_period_calls{job=J}[W])``, ``resets(failslow_iterations_total{job=J}[W])``
+  and the series of each rank: ``W`` is cut after a change of the split or a restart (:func:`settled_window`).
 
 Then :func:`failslow.culprit.analyse_aggregates` names the suspects; peers of a rank are the ranks with the
 same ``pp_rank``/``tp_rank`` labels (its data-parallel group), stages come from ``pp_rank`` (a whole slow
@@ -22,7 +25,6 @@ from typing import Any
 
 from detector.prom import PromClient, Sample
 from failslow.culprit import Analysis, analyse_aggregates
-from failslow.culprit.suspects import UNEVEN_SHARE
 
 
 def _esc(v: str) -> str:
@@ -49,7 +51,7 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
     `before_s`: how long ago the slowdown began; the stages' compute over the `healthy_window_s` before it is
     each stage's own work, so a stage is compared with the others relative to its healthy self (the last
     stage's LM head and loss make it heavier in any healthy job). Unknown: stages count as equal work.
-    `step_s`: the scrape (poll) interval, the resolution the pipeline sends are averaged at.
+    `step_s`: the poll interval, the resolution the window is cut at (:func:`settled_window`).
 
     Returns the analysis and the node names behind its node numbers; None while the job's micro-batch split
     or placement changed too recently to be analysed (:func:`settled_window`).
@@ -103,7 +105,11 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
     # Stages are compared only when every rank's stage is known (a partial map would mis-pool ranks).
     use_stages = bool(outside) and all(r in stage_of for r in outside) and len(set(stage_of.values())) > 1
     work = _stage_work(prom, sel, stage_of, before_s, healthy_window_s) if use_stages else None
-    sends, fixed = _pipeline(prom, sel, w, step_s, window_s)
+    # The sends per iteration only change with the split: counted over the healthy window before the onset too
+    # where the split held, as an onset stops the exporter's iteration counters for a while (a window that
+    # starts inside such a stop counts iterations from before it).
+    longest = settled_window(prom, sel, window_s + healthy_window_s, step_s) if settled == window_s else None
+    sends, fixed = _pipeline(prom, sel, w, _ms(max(window_s, longest or 0.0)))
     analysis = analyse_aggregates(outside, groups, group_kind=kinds, node_of=node_of, peers_of=peers,
                                   stage_of=stage_of if use_stages else None, stage_work=work,
                                   pipeline_sends=sends, fixed_s=fixed)
@@ -114,20 +120,20 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
 MIN_SETTLED_STEPS = 6
 
 
-def _sends(prom: PromClient, sel: str, step_s: float, window_s: float | None) -> dict[int, float]:
-    """Each rank's pipeline sends per iteration (its micro-batches) over the last 4 poll intervals, averaged
-    every `step_s` over the last `window_s` (None: only the newest), as ``avg_over_time`` averages the gauges:
-    a window holding a rebalance runs more iterations per second on one side of it, and a count over all its
-    iterations would weigh that side more than the gauges do."""
-    rate = _ms(4 * step_s)
-    now = (f'sum by (rank) (rate(failslow_comm_calls_total{{{sel},op="Send"}}[{rate}])) '
-           f'/ sum by (rank) (rate(failslow_iterations_total{{{sel}}}[{rate}]))')
-    expr = now if window_s is None else f"avg_over_time(({now})[{_ms(window_s)}:{_ms(step_s)}])"
+def _sends(prom: PromClient, sel: str, w: str) -> dict[int, float]:
+    """Each rank's pipeline sends per iteration (its micro-batches) over the window `w`: the increase of its
+    ``Send`` calls over that of its iterations, to the nearest whole send, as every iteration of a fixed split
+    makes the same number of them. Over a whole window rather than as a mean of short rates: the exporter's
+    iteration counter stops while it finds a new period (at an onset, after a split change) and catches up
+    once it has, so the ratio of two short rates jumps (36 sends per iteration for a 4-send rank, measured on
+    the testbed), while over the window the catch-up restores the count."""
+    expr = (f'sum by (rank) (increase(failslow_comm_calls_total{{{sel},op="Send"}}[{w}])) '
+            f'/ sum by (rank) (increase(failslow_iterations_total{{{sel}}}[{w}]))')
     out: dict[int, float] = {}
     for s in prom.query(expr):
         r = _rank(s)
         if r is not None and s.value > 0 and s.value != float("inf"):
-            out[r] = s.value
+            out[r] = float(max(1, round(s.value)))
     return out
 
 
@@ -144,39 +150,38 @@ def _restarted(prom: PromClient, sel: str, step_s: float, window_s: float) -> bo
     return any(n > now.get(r, 0.0) for r, n in series(w).items())
 
 
+def _changed(prom: PromClient, sel: str, step_s: float, window_s: float) -> bool:
+    """Whether the job changed inside the last `window_s`: a rank's calls per iteration (the exporter's
+    period) changed, as a new micro-batch split changes its pipeline sends and receives, or a rank restarted
+    or moved (:func:`_restarted`)."""
+    w = _ms(window_s)
+    if any(s.value > 0 for s in prom.query(f"changes(failslow_iteration_period_calls{{{sel}}}[{w}])")):
+        return True
+    return _restarted(prom, sel, step_s, window_s)
+
+
 def settled_window(prom: PromClient, sel: str, window_s: float, step_s: float) -> float | None:
     """The window the culprit analysis may average over: `window_s`, unless the job changed inside it.
 
-    A change is a rank whose pipeline sends per iteration over the window differ from its newest (by more
-    than ``UNEVEN_SHARE``: the split changed, and averages across it compare each rank's compute with a mix
-    of two splits; a healthy rank was named at 1.12x its peer), or a rank that restarted or moved
-    (:func:`_restarted`: after an S3 or S4 move the slow device holds another rank, and a window across it
-    names both). Then the window is halved until it holds the newest state alone, and halved once more, as
-    the exporter's gauges are means over its last iterations and lag the change. None: the change is too
-    recent for a window of ``MIN_SETTLED_STEPS`` poll intervals (the analysis waits)."""
-    newest = _sends(prom, sel, step_s, None)
-
-    def settled(w: float) -> bool:
-        if _restarted(prom, sel, step_s, w):
-            return False
-        if not newest:
-            return True
-        avg = _sends(prom, sel, step_s, w)
-        return all(r in avg and abs(avg[r] / v - 1.0) <= UNEVEN_SHARE for r, v in newest.items())
-
+    A change (:func:`_changed`) is a new micro-batch split, seen as a change of a rank's calls per iteration
+    (averages across it compare each rank's compute with a mix of two splits, and the rescaling to the mean
+    work, not linear in the counts, misreads both sides: a healthy rank was named at 1.12x its peer), or a
+    rank that restarted or moved (after an S3 or S4 move the slow device holds another rank, and a window
+    across it names both). Then the window is halved until it holds the newest state alone, and halved once
+    more, as the exporter's gauges are means over its last iterations and lag the change. None: the change is
+    too recent for a window of ``MIN_SETTLED_STEPS`` poll intervals (the analysis waits)."""
     w = window_s
     while w == window_s or w >= MIN_SETTLED_STEPS * step_s:
-        if settled(w):
+        if not _changed(prom, sel, step_s, w):
             return w if w == window_s else max(w / 2, MIN_SETTLED_STEPS * step_s)
         w /= 2
     return None
 
 
-def _pipeline(prom: PromClient, sel: str, w: str, step_s: float, window_s: float
-              ) -> tuple[dict[int, float], dict[int, float]]:
-    """Each rank's pipeline sends per iteration (:func:`_sends`) and its outside-pipeline compute over the
-    window (empty where a rank has neither)."""
-    sends = _sends(prom, sel, step_s, window_s)
+def _pipeline(prom: PromClient, sel: str, w: str, sends_w: str) -> tuple[dict[int, float], dict[int, float]]:
+    """Each rank's pipeline sends per iteration over `sends_w` (:func:`_sends`) and its outside-pipeline compute
+    over the window `w` (empty where a rank has neither)."""
+    sends = _sends(prom, sel, sends_w)
     fixed: dict[int, float] = {}
     for s in prom.query(f"avg_over_time(failslow_iteration_outside_pipeline_compute_seconds{{{sel}}}[{w}])"):
         r = _rank(s)

@@ -1,19 +1,27 @@
 """The culprit window is cut down to the newest micro-batch split when the split changed inside it, and to
-the newest incarnation when a rank restarted or moved (detector/culprit.py `settled_window`)."""
+the newest incarnation when a rank restarted or moved (detector/culprit.py `settled_window`); the pipeline
+sends per iteration are whole counts over a window (`_sends`)."""
 
 from __future__ import annotations
 
+import math
 import re
 
-from detector.culprit import MIN_SETTLED_STEPS, settled_window
+import pytest
+
+from detector.culprit import MIN_SETTLED_STEPS, _sends, settled_window
 from detector.prom import Sample
 
 STEP = 1.0
 
 
+def _window(expr: str) -> float:
+    return int(re.findall(r"\[(\d+)ms\]", expr)[-1]) / 1000
+
+
 class SplitProm:
-    """Answers the pipeline-sends queries of a DP2 job whose split went from [8, 8] to [13, 3] `ago` seconds
-    ago: the newest rate, or its time average over a subquery window."""
+    """A DP2xPP2 job whose split went from [8, 8] to [13, 3] `ago` seconds ago: the exporter's calls per
+    iteration (a send and a receive per micro-batch and the all-reduce) of its first stages changed then."""
 
     def __init__(self, ago: float | None) -> None:
         self.ago = ago
@@ -22,21 +30,11 @@ class SplitProm:
     def query(self, expr: str, at: float | None = None) -> list[Sample]:
         if expr.startswith(("sum by (rank) (resets(", "count by (rank) (last_over_time(")):
             return []  # no rank restarted or moved
-        assert 'op="Send"' in expr and "failslow_iterations_total" in expr, expr
-        m = re.search(r"\)\[(\d+)ms:(\d+)ms\]\)$", expr)
-        window = None if m is None else int(m.group(1)) / 1000
-        if window is not None:
-            self.windows.append(window)
-        out = []
-        for rank, (before, after) in {0: (8, 13), 1: (8, 3)}.items():
-            if self.ago is None:
-                v = float(before)
-            elif window is None or window <= self.ago:
-                v = float(after)
-            else:
-                v = (after * self.ago + before * (window - self.ago)) / window
-            out.append(Sample({"rank": str(rank)}, v))
-        return out
+        assert expr.startswith("changes(failslow_iteration_period_calls{"), expr
+        window = _window(expr)
+        self.windows.append(window)
+        changed = self.ago is not None and window > self.ago
+        return [Sample({"rank": str(r)}, 1.0 if changed and r in (0, 1) else 0.0) for r in range(4)]
 
 
 def test_an_unchanged_split_keeps_the_window() -> None:
@@ -59,12 +57,45 @@ def test_a_change_too_recent_waits_and_the_cut_never_goes_below_the_minimum() ->
     assert settled_window(SplitProm(8.0), 'job="j"', 60.0, STEP) == MIN_SETTLED_STEPS * STEP
 
 
-def test_a_job_without_pipeline_sends_keeps_the_window() -> None:
-    class NoSends:
+def test_a_job_without_a_period_keeps_the_window() -> None:
+    class Nothing:
         def query(self, expr: str, at: float | None = None) -> list[Sample]:
             return []
 
-    assert settled_window(NoSends(), 'job="j"', 60.0, STEP) == 60.0  # type: ignore[arg-type]
+    assert settled_window(Nothing(), 'job="j"', 60.0, STEP) == 60.0  # type: ignore[arg-type]
+
+
+class Ratios:
+    """Answers the sends-per-iteration query with fixed ratios, keeping the expression asked."""
+
+    def __init__(self, values: dict[str, float]) -> None:
+        self.values = values
+        self.asked: list[str] = []
+
+    def query(self, expr: str, at: float | None = None) -> list[Sample]:
+        self.asked.append(expr)
+        return [Sample({"rank": r}, v) for r, v in self.values.items()]
+
+
+def test_sends_are_whole_counts_over_the_window() -> None:
+    # 46.67 sends over 12 iterations (a rank of 4 micro-batches whose count and iterations were read at
+    # slightly different moments), 13 a busy one, a rank whose iteration counter stopped (inf), a hung one
+    prom = Ratios({"0": 3.889, "1": 12.6, "2": 0.4, "3": math.inf, "4": math.nan, "x": 2.0})
+    assert _sends(prom, 'job="j"', "30000ms") == {0: 4.0, 1: 13.0, 2: 1.0}  # type: ignore[arg-type]
+    expr = prom.asked[0]
+    assert expr.count("increase(") == 2 and expr.count("[30000ms]") == 2, expr
+    assert 'op="Send"' in expr and "failslow_iterations_total" in expr, expr
+
+
+@pytest.mark.parametrize("ago", [0.5, 3.0])
+def test_a_change_on_the_last_stage_alone_counts_too(ago: float) -> None:
+    class LastStage(SplitProm):
+        def query(self, expr: str, at: float | None = None) -> list[Sample]:
+            out = super().query(expr, at)
+            return [Sample(s.labels, s.value) for s in out if s.labels["rank"] not in ("0", "1")] + (
+                [Sample({"rank": "3"}, 2.0)] if expr.startswith("changes(") and _window(expr) > self.ago else [])
+
+    assert settled_window(LastStage(ago), 'job="j"', 60.0, STEP) is None
 
 
 class MoveProm:
@@ -81,7 +112,7 @@ class MoveProm:
             return [Sample({"rank": "0"}, 0.0), Sample({"rank": "1"}, 1.0 if holds else 0.0)]
         if expr.startswith("count by (rank) (last_over_time("):
             return [Sample({"rank": "0"}, 1.0), Sample({"rank": "1"}, 2.0 if holds else 1.0)]
-        return []  # no pipeline sends
+        return []  # no period change
 
 
 def test_a_window_holding_a_restart_or_a_move_is_cut_to_the_newest_incarnation() -> None:

@@ -32,9 +32,12 @@ class FakeJob:
     when set, is published as the job's ``failslow_iteration_samples`` gauge. ``microbatches``, when set,
     is each DP replica's count (a rebalance makes them unequal): a rank's compute is then 0.1 s of optimizer
     step plus 0.7 s per mean count, scaled by its count, and the endpoint publishes what the exporter tells
-    of it: one pipeline send per micro-batch (``failslow_comm_calls_total``, op Send), the iterations, and
-    the compute outside the pipeline (the step; a first stage's also one micro-batch). ``nodes`` moves ranks
-    to other node labels (their old series end, as after a restart on another node).
+    of it: one pipeline send per micro-batch (``failslow_comm_calls_total``, op Send), the iterations, the
+    calls per iteration (``failslow_iteration_period_calls``: a send and a receive per micro-batch and the
+    all-reduce) and the compute outside the pipeline (the step; a first stage's also one micro-batch). ``nodes`` moves ranks
+    to other node labels (their old series end, as after a restart on another node). :meth:`relock` plays
+    the exporter finding a rank's period again (after an onset or a split change, measured on the testbed):
+    its iteration counter stops while its sends go on, its period gauge keeps the old value, then both catch up.
     """
 
     job: str = "train"
@@ -55,6 +58,9 @@ class FakeJob:
     sums: dict[tuple[int, str], float] = field(default_factory=dict)
     sends: dict[int, float] = field(default_factory=dict)
     iterations: dict[int, float] = field(default_factory=dict)
+    stalled: dict[int, int] = field(default_factory=dict)  # rank -> steps left until its period is found again
+    missed: dict[int, float] = field(default_factory=dict)
+    period: dict[int, float] = field(default_factory=dict)
 
     @property
     def world(self) -> int:
@@ -70,6 +76,11 @@ class FakeJob:
         for d in range(self.dp):
             out[f"pp{d}"] = ("pp", [p * self.dp + d for p in range(self.pp)])
         return out
+
+    def relock(self, ranks: Iterable[int], steps: int) -> None:
+        """The exporter loses the period of `ranks` for `steps` steps (from the next one)."""
+        for r in ranks:
+            self.stalled[r] = steps
 
     def step(self) -> None:
         """One exporter window: per-call means and the resulting iteration times."""
@@ -88,7 +99,12 @@ class FakeJob:
                                       for r in range(self.world)}
             for r in range(self.world):
                 self.sends[r] = self.sends.get(r, 0.0) + mbs[self.coords(r)[0]]
-                self.iterations[r] = self.iterations.get(r, 0.0) + 1
+                if self.stalled.get(r, 0) > 0:
+                    self.stalled[r] -= 1
+                    self.missed[r] = self.missed.get(r, 0.0) + 1
+                    continue
+                self.iterations[r] = self.iterations.get(r, 0.0) + 1 + self.missed.pop(r, 0.0)
+                self.period[r] = 2.0 * mbs[self.coords(r)[0]] + 1
         slowest = max(compute.values())
         for name, (_kind, ranks) in self.comms().items():
             link = self.factor if self.slow_node is not None and self.slow_node in ranks else 1.0
@@ -117,15 +133,19 @@ class FakeJob:
         if self.microbatches is not None:
             op = GaugeMetricFamily("failslow_iteration_outside_pipeline_compute_seconds", "step", labels=lab)
             its = CounterMetricFamily("failslow_iterations", "iterations", labels=lab)
+            period = GaugeMetricFamily("failslow_iteration_period_calls", "calls per iteration", labels=lab)
             calls = CounterMetricFamily("failslow_comm_calls", "calls", labels=["job", "rank", "comm", "op", "nranks"])
             for r in range(self.world):
                 d, p = self.coords(r)
                 labels = [self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")]
                 op.add_metric(labels, self._outside_pipeline[r])
                 its.add_metric(labels, self.iterations[r])
+                if r in self.period:
+                    period.add_metric(labels, self.period[r])
                 calls.add_metric([self.job, str(r), f"pp{d}", "Send", str(self.pp)], self.sends[r])
             yield op
             yield its
+            yield period
             yield calls
         if self.samples is not None:
             fam = GaugeMetricFamily("failslow_iteration_samples", "samples per iteration", labels=["job"])
