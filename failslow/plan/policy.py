@@ -442,6 +442,10 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
         considered.append(c)
         if not c.ok:
             continue
+        rival = _better_restart(c, order, event, job, costs, policy, remaining, done, ineffective, force)
+        if rival is not None:
+            considered.append(rival)
+            c, strategy = rival, rival.strategy
         if (strategy in policy.validate_before and "validate" in job.capabilities and event.validated is None
                 and "validate" not in done):
             return _validate(event, job, costs, f"confirm the suspects before {strategy}", considered)
@@ -506,6 +510,41 @@ def _undo(harmful: PastAction, job: JobView, costs: Costs) -> Candidate:
         return Candidate("rebalance", cost_s=cost, why=why + "; the split it left is no longer in place")
     return Candidate("rebalance", {"counts": back, "from": now, "undo": True}, predicted_s=harmful.pace_before_s,
                      cost_s=cost, formed=True, why=why)
+
+
+#: The strategies that checkpoint and restart the job (S3 with a new placement, S4 off the bad nodes).
+RESTARTS: tuple[str, ...] = ("topology", "restart")
+
+
+def _better_restart(c: Candidate, order: Sequence[str], event: EventView, job: JobView, costs: Costs,
+                    policy: Policy, remaining_s: float, done: set[str], ineffective: set[str],
+                    force: str | None) -> Candidate | None:
+    """A later rung that restarts the job as `c` does and leaves more, net of its cost, or None.
+
+    The ladder takes the first strategy that pays off, as ski rental takes the cheaper fix first. S3 and S4
+    are no such pair: both are a checkpoint-restart, and which one leaves the job faster is a matter of
+    prediction, not of price: with a free spare, S4 off one slow device predicts the healthy pace, while a
+    consolidation keeps the device in the job. The later one is taken when its predicted saving less its
+    cost is the larger, under the same rules (supported, not done, not ineffective, its cost paid by the
+    slowdown so far, through the gate)."""
+    if c.strategy not in RESTARTS or c.saving_s is None:
+        return None
+    best: Candidate | None = None
+    for strategy in order[order.index(c.strategy) + 1:]:
+        if strategy not in RESTARTS or strategy not in job.capabilities or (force is None and strategy in done):
+            continue
+        r = candidate(strategy, event, job, costs)
+        if not r.formed or r.predicted_s is None:
+            continue
+        if force is None and (signature(strategy, r.params) in ineffective or event.lost_s < r.cost_s):
+            continue
+        r = _gate(r, job.pace_s, job.healthy_s, remaining_s, policy, check_cost=force is None)
+        ref = best if best is not None else c
+        if r.ok and r.saving_s is not None and ref.saving_s is not None \
+                and r.saving_s - r.cost_s > ref.saving_s - ref.cost_s:
+            best = replace(r, why=f"{r.why}; leaves more than {c.strategy} (predicted {c.predicted_s:.3f} s, "
+                                  f"saving {c.saving_s:.1f} s, cost {c.cost_s:.1f} s)")
+    return best
 
 
 def _validate(event: EventView, job: JobView, costs: Costs, why: str, considered: list[Candidate]) -> Decision:
