@@ -524,8 +524,9 @@ def _better_restart(c: Candidate, order: Sequence[str], event: EventView, job: J
     The ladder takes the first strategy that pays off, as ski rental takes the cheaper fix first. S3 and S4
     are no such pair: both are a checkpoint-restart, and which one leaves the job faster is a matter of
     prediction, not of price: with a free spare, S4 off one slow device predicts the healthy pace, while a
-    consolidation keeps the device in the job. The later one is taken when its predicted saving less its
-    cost is the larger, under the same rules (supported, not done, not ineffective, its cost paid by the
+    consolidation keeps the device in the job. The later one is taken when it predicts the job at least
+    ``min_gain`` faster than `c` (a spare is not spent on a move about as good) and its predicted saving less
+    its cost is the larger, under the same rules (supported, not done, not ineffective, its cost paid by the
     slowdown so far, through the gate)."""
     if c.strategy not in RESTARTS or c.saving_s is None:
         return None
@@ -540,7 +541,8 @@ def _better_restart(c: Candidate, order: Sequence[str], event: EventView, job: J
             continue
         r = _gate(r, job.pace_s, job.healthy_s, remaining_s, policy, check_cost=force is None)
         ref = best if best is not None else c
-        if r.ok and r.saving_s is not None and ref.saving_s is not None \
+        if r.ok and r.saving_s is not None and ref.saving_s is not None and c.predicted_s is not None \
+                and r.predicted_s is not None and r.predicted_s <= (1.0 - policy.min_gain) * c.predicted_s \
                 and r.saving_s - r.cost_s > ref.saving_s - ref.cost_s:
             best = replace(r, why=f"{r.why}; leaves more than {c.strategy} (predicted {c.predicted_s:.3f} s, "
                                   f"saving {c.saving_s:.1f} s, cost {c.cost_s:.1f} s)")

@@ -469,13 +469,15 @@ def test_a_restart_onto_a_spare_beats_a_move_that_keeps_the_slow_device() -> Non
     v = decide(replace(ev, validated=None), job(topology=topo, spares=1, capabilities=caps), costs, pol)
     assert v.strategy == "validate" and v.reason == "confirm the suspects before restart"
     # the move stays the choice: S4 dearer by more than it saves (1000 s expected: 593 s against 280 s),
-    # its price not paid yet, no free spare, the same restart ineffective before, or the move as good
+    # its price not paid yet, no free spare, the same restart ineffective before, or the move within
+    # min_gain (5%) of the healthy pace
     for alt_costs, alt_ev, alt_job in (
             (replace(costs, restart=400.0), ev, {}),
             (replace(costs, restart=600.0), ev, {}),
             (costs, ev, {"spares": 0}),
             (costs, ev, {"ineffective": frozenset({signature("restart", {"exclude_nodes": ["n1"]})})}),
-            (costs, ev, {"topology": (TopologyOption((0, 3, 2, 1), 0.55, "as healthy"),)})):
+            (costs, ev, {"topology": (TopologyOption((0, 3, 2, 1), 0.55, "as healthy"),)}),
+            (costs, ev, {"topology": (TopologyOption((0, 3, 2, 1), 0.575, "4.3% above healthy"),)})):
         alt = decide(alt_ev, job(**{"topology": topo, "spares": 1, "capabilities": caps, **alt_job}), alt_costs, pol)
         assert alt.strategy == "topology", (alt_costs, alt_ev, alt_job, alt)
     # a person asking for S3 gets S3
