@@ -151,11 +151,14 @@ def _restarted(prom: PromClient, sel: str, step_s: float, window_s: float) -> bo
 
 
 def _changed(prom: PromClient, sel: str, step_s: float, window_s: float) -> bool:
-    """Whether the job changed inside the last `window_s`: a rank's calls per iteration (the exporter's
-    period) changed, as a new micro-batch split changes its pipeline sends and receives, or a rank restarted
-    or moved (:func:`_restarted`)."""
+    """Whether the job changed inside the last `window_s`: the calls per iteration (the exporter's period) of a
+    rank with pipeline sends changed, as a new micro-batch split changes its sends and receives, or a rank
+    restarted or moved (:func:`_restarted`). Without pipeline sends a split leaves the calls as they were,
+    and a change of period tells nothing the analysis needs."""
     w = _ms(window_s)
-    if any(s.value > 0 for s in prom.query(f"changes(failslow_iteration_period_calls{{{sel}}}[{w}])")):
+    expr = (f"changes(failslow_iteration_period_calls{{{sel}}}[{w}]) > 0 "
+            f'and on (rank) failslow_comm_calls_total{{{sel},op="Send"}}')
+    if prom.query(expr):
         return True
     return _restarted(prom, sel, step_s, window_s)
 

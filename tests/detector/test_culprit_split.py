@@ -21,7 +21,9 @@ def _window(expr: str) -> float:
 
 class SplitProm:
     """A DP2xPP2 job whose split went from [8, 8] to [13, 3] `ago` seconds ago: the exporter's calls per
-    iteration (a send and a receive per micro-batch and the all-reduce) of its first stages changed then."""
+    iteration (a send and a receive per micro-batch and the all-reduce) of its first stages changed then.
+    Answers as Prometheus would: the ranks with a change (the join with their pipeline sends is left to the
+    test on real Prometheus)."""
 
     def __init__(self, ago: float | None) -> None:
         self.ago = ago
@@ -34,7 +36,7 @@ class SplitProm:
         window = _window(expr)
         self.windows.append(window)
         changed = self.ago is not None and window > self.ago
-        return [Sample({"rank": str(r)}, 1.0 if changed and r in (0, 1) else 0.0) for r in range(4)]
+        return [Sample({"rank": str(r)}, 1.0) for r in (0, 1)] if changed else []
 
 
 def test_an_unchanged_split_keeps_the_window() -> None:

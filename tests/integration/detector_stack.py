@@ -38,6 +38,7 @@ class FakeJob:
     to other node labels (their old series end, as after a restart on another node). :meth:`relock` plays
     the exporter finding a rank's period again (after an onset or a split change, measured on the testbed):
     its iteration counter stops while its sends go on, its period gauge keeps the old value, then both catch up.
+    ``period_calls``, when set and ``microbatches`` is not, is every rank's period (a job without a pipeline).
     """
 
     job: str = "train"
@@ -61,6 +62,7 @@ class FakeJob:
     stalled: dict[int, int] = field(default_factory=dict)  # rank -> steps left until its period is found again
     missed: dict[int, float] = field(default_factory=dict)
     period: dict[int, float] = field(default_factory=dict)
+    period_calls: float | None = None
 
     @property
     def world(self) -> int:
@@ -130,6 +132,13 @@ class FakeJob:
             cs.add_metric(labels, self._compute[r])
         yield it
         yield cs
+        if self.microbatches is None and self.period_calls is not None:
+            fam = GaugeMetricFamily("failslow_iteration_period_calls", "calls per iteration", labels=lab)
+            for r in range(self.world):
+                d, p = self.coords(r)
+                fam.add_metric([self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")],
+                               self.period_calls)
+            yield fam
         if self.microbatches is not None:
             op = GaugeMetricFamily("failslow_iteration_outside_pipeline_compute_seconds", "step", labels=lab)
             its = CounterMetricFamily("failslow_iterations", "iterations", labels=lab)

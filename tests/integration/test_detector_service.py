@@ -18,7 +18,9 @@ import redis as redis_lib
 import requests
 from prometheus_client import CollectorRegistry, generate_latest
 
+from detector.culprit import settled_window
 from detector.metrics import DetectorMetrics
+from detector.prom import PromClient
 from detector.service import Detector, build
 from detector.settings import Settings
 from failslow_cli.stack.processes import Service
@@ -30,6 +32,7 @@ from tests.integration.detector_stack import (
     prometheus_service,
     redis_service,
 )
+from tests.integration.polling import wait_for
 
 SCRAPE = 0.1
 
@@ -240,6 +243,26 @@ def test_after_a_rebalance_or_a_move_the_slow_device_alone_is_named(stack) -> No
         moved.append([(s["rank"], s["node"]) for s in det.engine.jobs["train"].suspects])
     assert all(m in ([("3", "node3")], [("2", "node3")]) for m in moved), moved
     assert moved[-1] == [("2", "node3")], moved
+
+
+def test_a_period_change_cuts_the_culprit_window_only_where_pipeline_sends_tell_the_split(stack) -> None:
+    """On real Prometheus: a job without a pipeline whose calls per iteration change (a new bucket layout)
+    keeps its culprit window; once the ranks send through a pipeline, a change of their period cuts it."""
+    job, _ep, prom, _red = stack
+    client = PromClient(prom.url)
+    sel, window = 'job="train"', 5.0
+    job.period_calls = 9.0
+    wait_for(lambda: client.query(f"failslow_iteration_period_calls{{{sel}}}"), 20, "the period series", every=0.1)
+    time.sleep(1.0)
+    job.period_calls = 10.0
+    wait_for(lambda: client.query(f"changes(failslow_iteration_period_calls{{{sel}}}[5s]) > 0"), 20,
+             "the period change", every=0.1)
+    assert settled_window(client, sel, window, SCRAPE) == window
+    job.microbatches = (8, 8)  # pipeline sends now, and 17 calls per iteration
+    wait_for(lambda: client.query(f'failslow_comm_calls_total{{{sel},op="Send"}}'), 20, "the sends", every=0.1)
+    time.sleep(1.0)
+    cut = settled_window(client, sel, window, SCRAPE)
+    assert cut is not None and cut < window, cut
 
 
 def test_a_job_that_stops_is_dropped_with_its_series_and_state(tmp_path: Path) -> None:
