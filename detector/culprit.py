@@ -25,6 +25,7 @@ from typing import Any
 
 from detector.prom import PromClient, Sample
 from failslow.culprit import Analysis, analyse_aggregates
+from failslow.period import CONFIDENCE_MIN
 
 
 def _esc(v: str) -> str:
@@ -152,11 +153,14 @@ def _restarted(prom: PromClient, sel: str, step_s: float, window_s: float) -> bo
 
 def _changed(prom: PromClient, sel: str, step_s: float, window_s: float) -> bool:
     """Whether the job changed inside the last `window_s`: the calls per iteration (the exporter's period) of a
-    rank with pipeline sends changed, as a new micro-batch split changes its sends and receives, or a rank
-    restarted or moved (:func:`_restarted`). Without pipeline sends a split leaves the calls as they were,
-    and a change of period tells nothing the analysis needs."""
+    rank with pipeline sends changed, as a new micro-batch split changes its sends and receives, or the
+    exporter was unsure of that period in the window (it hides the period then, so a change across the gap
+    leaves no two samples to differ: on the testbed a rank's period went 3 -> hidden for 15 s -> 5), or a
+    rank restarted or moved (:func:`_restarted`). Without pipeline sends a split leaves the calls as they
+    were, and a change of period tells nothing the analysis needs."""
     w = _ms(window_s)
-    expr = (f"changes(failslow_iteration_period_calls{{{sel}}}[{w}]) > 0 "
+    expr = (f"(changes(failslow_iteration_period_calls{{{sel}}}[{w}]) > 0 "
+            f"or min_over_time(failslow_iteration_period_confidence_ratio{{{sel}}}[{w}]) < {CONFIDENCE_MIN}) "
             f'and on (rank) failslow_comm_calls_total{{{sel},op="Send"}}')
     if prom.query(expr):
         return True

@@ -32,7 +32,7 @@ class SplitProm:
     def query(self, expr: str, at: float | None = None) -> list[Sample]:
         if expr.startswith(("sum by (rank) (resets(", "count by (rank) (last_over_time(")):
             return []  # no rank restarted or moved
-        assert expr.startswith("changes(failslow_iteration_period_calls{"), expr
+        assert expr.startswith("(changes(failslow_iteration_period_calls{"), expr
         window = _window(expr)
         self.windows.append(window)
         changed = self.ago is not None and window > self.ago
@@ -95,7 +95,7 @@ def test_a_change_on_the_last_stage_alone_counts_too(ago: float) -> None:
         def query(self, expr: str, at: float | None = None) -> list[Sample]:
             out = super().query(expr, at)
             return [Sample(s.labels, s.value) for s in out if s.labels["rank"] not in ("0", "1")] + (
-                [Sample({"rank": "3"}, 2.0)] if expr.startswith("changes(") and _window(expr) > self.ago else [])
+                [Sample({"rank": "3"}, 2.0)] if expr.startswith("(changes(") and _window(expr) > self.ago else [])
 
     assert settled_window(LastStage(ago), 'job="j"', 60.0, STEP) is None
 

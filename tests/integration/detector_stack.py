@@ -39,6 +39,8 @@ class FakeJob:
     the exporter finding a rank's period again (after an onset or a split change, measured on the testbed):
     its iteration counter stops while its sends go on, its period gauge keeps the old value, then both catch up.
     ``period_calls``, when set and ``microbatches`` is not, is every rank's period (a job without a pipeline).
+    ``confidence``, when set, is every rank's period confidence; below 0.5 the period is hidden, as the
+    exporter hides it.
     """
 
     job: str = "train"
@@ -63,6 +65,7 @@ class FakeJob:
     missed: dict[int, float] = field(default_factory=dict)
     period: dict[int, float] = field(default_factory=dict)
     period_calls: float | None = None
+    confidence: float | None = None
 
     @property
     def world(self) -> int:
@@ -132,7 +135,15 @@ class FakeJob:
             cs.add_metric(labels, self._compute[r])
         yield it
         yield cs
-        if self.microbatches is None and self.period_calls is not None:
+        shown = self.confidence is None or self.confidence >= 0.5
+        if self.confidence is not None:
+            fam = GaugeMetricFamily("failslow_iteration_period_confidence_ratio", "confidence", labels=lab)
+            for r in range(self.world):
+                d, p = self.coords(r)
+                fam.add_metric([self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")],
+                               self.confidence)
+            yield fam
+        if self.microbatches is None and self.period_calls is not None and shown:
             fam = GaugeMetricFamily("failslow_iteration_period_calls", "calls per iteration", labels=lab)
             for r in range(self.world):
                 d, p = self.coords(r)
@@ -149,7 +160,7 @@ class FakeJob:
                 labels = [self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")]
                 op.add_metric(labels, self._outside_pipeline[r])
                 its.add_metric(labels, self.iterations[r])
-                if r in self.period:
+                if r in self.period and shown:
                     period.add_metric(labels, self.period[r])
                 calls.add_metric([self.job, str(r), f"pp{d}", "Send", str(self.pp)], self.sends[r])
             yield op

@@ -247,7 +247,8 @@ def test_after_a_rebalance_or_a_move_the_slow_device_alone_is_named(stack) -> No
 
 def test_a_period_change_cuts_the_culprit_window_only_where_pipeline_sends_tell_the_split(stack) -> None:
     """On real Prometheus: a job without a pipeline whose calls per iteration change (a new bucket layout)
-    keeps its culprit window; once the ranks send through a pipeline, a change of their period cuts it."""
+    keeps its culprit window; once the ranks send through a pipeline, a change of their period cuts it, and
+    so does a change the exporter hid (unsure of the period for longer than the window, then the new one)."""
     job, _ep, prom, _red = stack
     client = PromClient(prom.url)
     sel, window = 'job="train"', 5.0
@@ -263,6 +264,16 @@ def test_a_period_change_cuts_the_culprit_window_only_where_pipeline_sends_tell_
     time.sleep(1.0)
     cut = settled_window(client, sel, window, SCRAPE)
     assert cut is not None and cut < window, cut
+    job.confidence = 0.97
+    wait_for(lambda: settled_window(client, sel, window, SCRAPE) == window, 30, "a settled window", every=0.2)
+    job.confidence, job.microbatches = 0.1, (10, 6)  # hidden while the exporter finds the new period
+    time.sleep(window + 1.0)
+    job.confidence = 0.97
+    wait_for(lambda: client.query(f'failslow_iteration_period_calls{{{sel},rank="0"}} == 21'), 20, "the new period",
+             every=0.1)
+    assert not client.query(f"changes(failslow_iteration_period_calls{{{sel}}}[5s]) > 0")  # no two samples differ
+    cut = settled_window(client, sel, window, SCRAPE)
+    assert cut is None or cut < window, cut
 
 
 def test_a_job_that_stops_is_dropped_with_its_series_and_state(tmp_path: Path) -> None:
