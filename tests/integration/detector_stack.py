@@ -124,40 +124,40 @@ class FakeJob:
         self._compute = compute
         self._iter = {r: (slowest + 0.2 + link_extra) * self.base * self.work * jitter for r in range(self.world)}
 
+    def rank_labels(self, r: int) -> list[str]:
+        """Rank `r`'s label values in the exporter's order (job, rank, dp_rank, pp_rank, tp_rank, node)."""
+        d, p = self.coords(r)
+        return [self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")]
+
+    def _every_rank(self, name: str, value: float, lab: list[str]) -> GaugeMetricFamily:
+        fam = GaugeMetricFamily(name, name, labels=lab)
+        for r in range(self.world):
+            fam.add_metric(self.rank_labels(r), value)
+        return fam
+
     def collect(self) -> Iterable[object]:
         lab = ["job", "rank", "dp_rank", "pp_rank", "tp_rank", "node"]
         it = GaugeMetricFamily("failslow_iteration_duration_seconds", "iteration time", labels=lab)
         cs = GaugeMetricFamily("failslow_iteration_compute_seconds", "outside calls", labels=lab)
         for r in range(self.world):
-            d, p = self.coords(r)
-            labels = [self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")]
+            labels = self.rank_labels(r)
             it.add_metric(labels, self._iter[r])
             cs.add_metric(labels, self._compute[r])
         yield it
         yield cs
         shown = self.confidence is None or self.confidence >= 0.5
         if self.confidence is not None:
-            fam = GaugeMetricFamily("failslow_iteration_period_confidence_ratio", "confidence", labels=lab)
-            for r in range(self.world):
-                d, p = self.coords(r)
-                fam.add_metric([self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")],
-                               self.confidence)
-            yield fam
+            yield self._every_rank("failslow_iteration_period_confidence_ratio", self.confidence, lab)
         if self.microbatches is None and self.period_calls is not None and shown:
-            fam = GaugeMetricFamily("failslow_iteration_period_calls", "calls per iteration", labels=lab)
-            for r in range(self.world):
-                d, p = self.coords(r)
-                fam.add_metric([self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")],
-                               self.period_calls)
-            yield fam
+            yield self._every_rank("failslow_iteration_period_calls", self.period_calls, lab)
         if self.microbatches is not None:
             op = GaugeMetricFamily("failslow_iteration_outside_pipeline_compute_seconds", "step", labels=lab)
             its = CounterMetricFamily("failslow_iterations", "iterations", labels=lab)
             period = GaugeMetricFamily("failslow_iteration_period_calls", "calls per iteration", labels=lab)
             calls = CounterMetricFamily("failslow_comm_calls", "calls", labels=["job", "rank", "comm", "op", "nranks"])
             for r in range(self.world):
-                d, p = self.coords(r)
-                labels = [self.job, str(r), str(d), str(p), "0", self.nodes.get(r, f"node{r}")]
+                d = self.coords(r)[0]
+                labels = self.rank_labels(r)
                 op.add_metric(labels, self._outside_pipeline[r])
                 its.add_metric(labels, self.iterations[r])
                 if r in self.period and shown:
