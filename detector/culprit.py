@@ -106,11 +106,11 @@ def analyse_job(prom: PromClient, job: str, window_s: float,
     # Stages are compared only when every rank's stage is known (a partial map would mis-pool ranks).
     use_stages = bool(outside) and all(r in stage_of for r in outside) and len(set(stage_of.values())) > 1
     work = _stage_work(prom, sel, stage_of, before_s, healthy_window_s) if use_stages else None
-    # The sends per iteration only change with the split: counted over the healthy window before the onset too
-    # where the split held, as an onset stops the exporter's iteration counters for a while (a window that
-    # starts inside such a stop counts iterations from before it).
-    longest = settled_window(prom, sel, window_s + healthy_window_s, step_s) if settled == window_s else None
-    sends, fixed = _pipeline(prom, sel, w, _ms(max(window_s, longest or 0.0)))
+    # The sends per iteration only change with the split: counted over the longest window, up to the healthy
+    # window before this one, that holds the newest split alone, as an onset stops the exporter's iteration
+    # counters for a while (a window that starts inside such a stop counts iterations from before it).
+    longest = settled_window(prom, sel, window_s + healthy_window_s, step_s) or 0.0
+    sends, fixed = _pipeline(prom, sel, w, _ms(max(window_s, longest)))
     analysis = analyse_aggregates(outside, groups, group_kind=kinds, node_of=node_of, peers_of=peers,
                                   stage_of=stage_of if use_stages else None, stage_work=work,
                                   pipeline_sends=sends, fixed_s=fixed)
