@@ -17,7 +17,8 @@ test: bootstrap
 	$(VENV)/bin/mypy
 	@if [ -f shim/Makefile ]; then $(MAKE) -s -C shim test; fi
 	$(PY) -m pytest -q -m "not integration" -n 2 $(PYTEST_ARGS)
-	$(PY) -m pytest -q -m integration $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "integration and not testbed" -n 3 $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "integration and testbed" $(PYTEST_ARGS)
 
 # The fast run: every test but those that start real processes (tests/integration/), on two workers.
 unit: bootstrap

@@ -25,6 +25,8 @@ from failslow.detect import detect_series
 from failslow.record import Calls, calls_from_ring_dir
 from failslow.topology import Layout
 
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+
 CPU_RANK = 3
 LINK_NODE = 1
 SLOW_STAGE = 1

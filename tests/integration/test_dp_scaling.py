@@ -10,6 +10,8 @@ import pytest
 
 from failslow.predict import parse_profile, predict
 
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+
 
 def _namespaces_of(pid: int) -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout

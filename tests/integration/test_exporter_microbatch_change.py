@@ -15,10 +15,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from exporter.accuracy import match_iterations, score_rank
 from exporter.collectors.ring import RingCollector
 from testbed.adapter import FileControlAdapter
+
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 BEFORE, AFTER = 3, 6
 ITERATIONS = 76

@@ -20,7 +20,7 @@ from exporter.settings import Settings
 from failslow.period import replay_ring
 from failslow.record import Op, RingReader, find_rings
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 
 def _scrape(port: int) -> dict[str, list]:

@@ -21,7 +21,7 @@ import pytest
 
 from failslow_cli.stack.loop import run_loop
 
-pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.timeout(600), pytest.mark.testbed]
 
 
 def test_fault_alert_rebalance_recovery_restore_close(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import pytest
 
 from testbed.state import StateFile, leftovers, pid_alive
 
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+
 ROOT = os.geteuid() == 0
 
 

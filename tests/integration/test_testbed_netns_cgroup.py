@@ -7,9 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from testbed.cgroup import CpuCgroup, current_cgroup
 from testbed.netns import NetCluster, clear_rate, list_namespaces, set_rate, show_qdisc
 from testbed.state import StateFile, leftovers
+
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 # These need root; the project's machines run the suite as root (a non-root run fails loudly here).
 

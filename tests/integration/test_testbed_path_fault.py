@@ -18,7 +18,7 @@ from testbed.faults import PathFault, parse_spec
 from testbed.netns import NetCluster, root_qdisc_kind, show_qdisc
 from testbed.state import StateFile, leftovers
 
-pytestmark = [pytest.mark.integration, pytest.mark.root]
+pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.testbed]
 
 RATE_BPS = 5e6 / 8
 

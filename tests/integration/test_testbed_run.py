@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+import pytest
 import yaml
 
 from testbed.adapter import FileControlAdapter, TestbedAdapter, TrainingAdapter
@@ -25,6 +26,8 @@ from testbed.launcher import JobConfig, Testbed
 from testbed.netns import show_qdisc
 from testbed.state import leftovers
 from tests.integration.polling import run_until
+
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
 
 ROOT = os.geteuid() == 0
 

@@ -24,7 +24,7 @@ from remediator.adapters.testbed import Adapter
 from testbed.netns import list_namespaces, show_qdisc
 from testbed.state import leftovers
 
-pytestmark = [pytest.mark.integration, pytest.mark.root]
+pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.testbed]
 
 ITERATIONS = 60
 THROTTLE_AT = 8  # iterations 0..7 healthy, then node 1's link at 10 mbit for the rest of the job

@@ -15,6 +15,8 @@ from testbed.config import ModelConfig
 from testbed.launcher import JobConfig, Testbed
 from testbed.validation import expected_pause_s
 
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+
 
 def test_loopback_spares_are_node_indices_a_restart_may_use() -> None:
     cfg = JobConfig(dp=2, pp=1, iterations=16, micro_batches=2, model=ModelConfig(d_model=64, layers=2),

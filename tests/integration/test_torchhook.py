@@ -15,6 +15,8 @@ import pytest
 from failslow.record import OP_NAMES, Flag, RingReader, find_rings, read_header
 from failslow_cli.stack.processes import free_port
 
+pytestmark = [pytest.mark.integration, pytest.mark.testbed]
+
 JOB = Path(__file__).with_name("torchhook_job.py")
 WS = 3  # three processes: groups of 3, 2 (pair) and 1 (odd ranks), p2p in a ring; one torch import each
 ODD = [r for r in range(WS) if r % 2 == 1]

@@ -38,7 +38,7 @@ from remediator.adapters.torchrun import (
 )
 from tests.integration.polling import wait_for
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420), pytest.mark.testbed]
 
 JOB = "trjob"
 SCRIPT = Path(__file__).with_name("torchrun_job.py")

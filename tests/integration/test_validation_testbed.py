@@ -26,7 +26,7 @@ from testbed.launcher import JobConfig, Testbed
 from testbed.state import leftovers
 from tests.integration.polling import run_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.root]
+pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.testbed]
 
 ITERATIONS = 50
 
