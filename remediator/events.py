@@ -1,7 +1,11 @@
 """How deliveries change a job's event (pure: documents in, documents out; tested with literals).
 
 An event is one fail-slow episode of one job: it opens on the first firing remediable alert of the job and
-collects the suspects of every alert of the episode. Alertmanager delivers at least once, repeats while an
+collects the suspects of every alert of the episode. Its suspects are those the firing alerts name; when the
+firing alerts name none, the ones named before stand: the detector exports no suspect while its culprit
+analysis waits (the split or placement changed in the last 30 s, as the remediator's own actions do) and
+keeps its own suspects then, and its no-suspect alert must not leave the event without the culprit it
+named minutes before. Once nothing fires, the last suspects stay for the record. Alertmanager delivers at least once, repeats while an
 alert fires, may deliver a group's firing notification after its resolved one, and an HA pair delivers
 everything twice; the store has already dropped exact repeats (same fingerprint|startsAt|status) before
 :func:`apply_alerts` runs. What is left to decide here is order: each fingerprint's latest known instance
@@ -102,6 +106,6 @@ def apply_alerts(event: dict[str, Any] | None, alerts: list[Alert], seen: dict[s
     if ev is not None:
         ev["last_delivery_at"] = now
         firing = _suspects(ev["alerts"])
-        if firing or ev["firing"]:
-            ev["suspects"] = firing  # while nothing fires any more, the last suspects stay for the record
+        if firing:
+            ev["suspects"] = firing  # firing alerts that name nobody leave the named ones standing
     return ev, outcomes, updates

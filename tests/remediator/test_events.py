@@ -44,6 +44,21 @@ def test_suspects_of_a_group_merge_and_leave_one_by_one() -> None:
     assert ev["state"] == "open"  # closing is the planner's call, once the pace is back
 
 
+def test_a_firing_alert_that_names_nobody_leaves_the_named_suspects_standing() -> None:
+    # the detector's suspect alert resolved (its event closed), then a new slowdown opened while its culprit
+    # analysis waited (the split had just changed): the no-suspect alert fires in the same remediator event
+    ev, _, seen = run(None, [alert("a", kind="compute", rank="1", node="1")])
+    ev, _, seen = run(ev, [alert("a", "resolved", kind="compute", rank="1", node="1")], seen)
+    ev, out, seen = run(ev, [alert("b")], seen, now=150.0)
+    assert out == ["accepted"] and ev["firing"] and ev["state"] == "open"
+    assert ev["suspects"] == [{"kind": "compute", "rank": 1, "node": "1"}]
+    # a suspect named again replaces them; an event opened by a no-suspect alert has none
+    ev, _, seen = run(ev, [alert("c", kind="link", node="2")], seen, now=160.0)
+    assert ev["suspects"] == [{"kind": "link", "rank": None, "node": "2"}]
+    ev2, _, _ = run(None, [alert("z")])
+    assert ev2 is not None and ev2["suspects"] == []
+
+
 def test_a_late_firing_after_its_resolved_is_stale_and_reopens_nothing() -> None:
     ev, _, seen = run(None, [alert("a", rank="1")])
     ev, _, seen = run(ev, [alert("a", "resolved", rank="1")], seen)
