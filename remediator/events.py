@@ -5,12 +5,14 @@ collects the suspects of every alert of the episode. Its suspects are those the 
 firing alerts name none, the ones named before stand: the detector exports no suspect while its culprit
 analysis waits (the split or placement changed in the last 30 s, as the remediator's own actions do) and
 keeps its own suspects then, and its no-suspect alert must not leave the event without the culprit it
-named minutes before. Once nothing fires, the last suspects stay for the record. Alertmanager delivers at least once, repeats while an
-alert fires, may deliver a group's firing notification after its resolved one, and an HA pair delivers
-everything twice; the store has already dropped exact repeats (same fingerprint|startsAt|status) before
-:func:`apply_alerts` runs. What is left to decide here is order: each fingerprint's latest known instance
-(its startsAt and status) is kept, and an alert older than that is stale — in particular a firing that
-arrives after the resolved of the same instance never reopens anything.
+named minutes before. Once nothing fires, the last suspects stay for the record.
+
+Alertmanager delivers at least once, repeats while an alert fires, may deliver a group's firing notification
+after its resolved one, and an HA pair delivers everything twice; the store has already dropped exact
+repeats (same fingerprint|startsAt|status) before :func:`apply_alerts` runs. What is left to decide here is
+order: each fingerprint's latest known instance (its startsAt and status) is kept, and an alert older than
+that is stale — in particular a firing that arrives after the resolved of the same instance never reopens
+anything.
 
 A resolved notification only marks the event not firing; closing it is the planner's call, once the job's
 pace is confirmed back.

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, SummaryMetricFamily
 
+from failslow.period import CONFIDENCE_MIN
 from failslow_cli.stack.processes import detector_service, free_port, prometheus_service, redis_service
 
 __all__ = ["Endpoint", "FakeJob", "detector_service", "free_port", "prometheus_service", "redis_service"]
@@ -39,8 +40,8 @@ class FakeJob:
     the exporter finding a rank's period again (after an onset or a split change, measured on the testbed):
     its iteration counter stops while its sends go on, its period gauge keeps the old value, then both catch up.
     ``period_calls``, when set and ``microbatches`` is not, is every rank's period (a job without a pipeline).
-    ``confidence``, when set, is every rank's period confidence; below 0.5 the period is hidden, as the
-    exporter hides it.
+    ``confidence``, when set, is every rank's period confidence; below ``CONFIDENCE_MIN`` the period is hidden,
+    as the exporter hides it.
     """
 
     job: str = "train"
@@ -145,7 +146,7 @@ class FakeJob:
             cs.add_metric(labels, self._compute[r])
         yield it
         yield cs
-        shown = self.confidence is None or self.confidence >= 0.5
+        shown = self.confidence is None or self.confidence >= CONFIDENCE_MIN
         if self.confidence is not None:
             yield self._every_rank("failslow_iteration_period_confidence_ratio", self.confidence, lab)
         if self.microbatches is None and self.period_calls is not None and shown:
