@@ -87,3 +87,20 @@ def keeps_marker(keys: npt.NDArray[np.int64], marker: npt.NDArray[np.int64] | No
         return True
     pos = np.flatnonzero((keys == marker).all(axis=1))
     return len(pos) >= 2 and bool((np.diff(pos) == p).all())
+
+
+def marker_every(keys: npt.NDArray[np.int64], marker: npt.NDArray[np.int64] | None, p: int, *, repeats: int,
+                 lead: int) -> bool:
+    """Whether the calls since a change (``keys``) are iterations of ``p`` calls by the collective that marked
+    the iterations before it (``marker``, see `keeps_marker`): it comes within the first ``lead`` calls (the
+    old period: a stretch may start with the rest of an old iteration when the old grid was not in phase
+    with the trainer's), then every ``p`` calls, at least ``repeats`` times, and again within the last ``p``.
+
+    The iteration's gradient synchronisation is no micro-batch's: a period it marks once in every repeat is
+    the iteration, no fraction of it (one block of several would hold it) nor a multiple (twice).
+    """
+    if marker is None or p < 1:
+        return False
+    pos = np.flatnonzero((keys == marker).all(axis=1))
+    return len(pos) >= repeats and int(pos[0]) < max(lead, p) and len(keys) - int(pos[-1]) <= p \
+        and bool((np.diff(pos) == p).all())

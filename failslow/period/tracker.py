@@ -20,7 +20,7 @@ from failslow.period.acf import DOUBT_FACTOR, DOUBT_MAX_CALLS, PeriodEstimate, e
 from failslow.period.boundaries import iteration_marks, mark_at_end, phase_anchor
 from failslow.period.confidence import CONFIDENCE_MIN
 from failslow.period.folds import MULTIPLE_REPEATS, trust_switch
-from failslow.period.interlude import keeps_marker, resumed_grid
+from failslow.period.interlude import keeps_marker, marker_every, resumed_grid
 from failslow.period.lockin import LOCK_REPEATS, lock_in
 from failslow.period.numeric import FloatArray, IntArray
 from failslow.period.symbols import encode_symbols, iteration_marker, marks_iteration
@@ -367,6 +367,12 @@ class PeriodTracker:
             # Refit on reported iterations only: unreported ones may already follow a new schedule.
             self._fit_template(upto=self._last_b)
             return False
+        if self._grid is not None and p != self._grid[1] and not trusted:
+            # After a pattern change, the collective that marked the old iterations once (the gradient
+            # synchronisation) marks every p calls since the change: p is the new iteration, adopted after
+            # min_repeats of them (a split to one micro-batch, 9 -> 3 calls, would wait ~45 iterations for the
+            # lock-in's 96 calls).
+            trusted = marker_every(self._keys[lo:], self._marker, p, repeats=self.min_repeats, lead=self._grid[1])
         if self._grid is not None and p == self._grid[1]:
             # After a change alarm, the period in force before it is taken back at once (a false alarm:
             # one slow iteration, the job's closing barrier) if the iterations after the alarm look like

@@ -8,7 +8,7 @@ import pytest
 
 from failslow.period import PeriodTracker
 from failslow.period import synth as ps
-from failslow.period.interlude import resumption
+from failslow.period.interlude import marker_every, resumption
 
 K = np.array([[1, 0], [2, 0], [3, 0], [4, 0]], dtype=np.int64)  # one iteration of 4 calls
 X = np.array([[9, 1], [9, 2]], dtype=np.int64)  # calls the iteration never makes
@@ -27,6 +27,23 @@ def test_an_interlude_inside_an_iteration() -> None:
     keys = _keys(K, K[:2], np.tile(X, (3, 1)), K[2:], K, K)
     # the interrupted iteration's first two calls came before it, its last two after
     assert resumption(keys, 4) == (14, 2)
+
+
+def test_the_marker_every_p_calls_since_a_change_confirms_p() -> None:
+    send, recv, allreduce = [7, 0], [8, 0], [1, 0]
+    new = np.array([send, recv, allreduce] * 5, dtype=np.int64)  # one micro-batch: 3 calls, the all-reduce last
+    m = np.array(allreduce, dtype=np.int64)
+    assert marker_every(new, m, 3, repeats=4, lead=9)
+    assert not marker_every(new, m, 3, repeats=6, lead=9)  # 5 iterations are not 6
+    assert not marker_every(new, m, 1, repeats=4, lead=9)  # a fraction: the all-reduce in one block of three
+    assert not marker_every(new, m, 6, repeats=2, lead=9)  # a multiple: twice in every block
+    assert not marker_every(new, None, 3, repeats=4, lead=9)  # no once-per-iteration collective before
+    # the stretch may start with the rest of an old iteration (the old grid out of phase), up to one old period
+    tail = np.array([send, recv, send, recv, recv], dtype=np.int64)
+    assert marker_every(np.concatenate((tail, new)), m, 3, repeats=4, lead=9)
+    assert not marker_every(np.concatenate((tail, new)), m, 3, repeats=4, lead=5)
+    # nor may the marker stop: the last calls hold it
+    assert not marker_every(np.concatenate((new, np.array([send, recv] * 3))), m, 3, repeats=4, lead=9)
 
 
 def test_no_answer_until_two_whole_iterations_followed() -> None:

@@ -296,3 +296,59 @@ def test_compute_outside_the_pipeline_of_a_recorded_testbed_stage(tmp_path: Path
     assert np.all(np.isfinite(outside))
     compute = arr[:, 0] - arr[:, 1]
     assert np.all((outside > 0.002) & (outside < 0.25 * compute)), (outside, compute)
+
+
+@pytest.mark.parametrize("every_s", [1.0, 5.0])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_the_period_follows_each_split_change_within_a_few_iterations(tmp_path: Path, rank: int,
+                                                                       every_s: float) -> None:
+    """Recorded for real: the first stage of each DP replica of a DP2xPP2 testbed job (torch hook) whose split
+    the control channel moved [4, 4] -> [7, 1] -> [6, 2] -> [7, 1] -> [4, 4] -> [1, 7] (2m + 1 calls per
+    iteration for m micro-batches: the Send/Recv pairs and one gradient all-reduce), read in polls every
+    `every_s` seconds of the job's time; the trainer's iteration ends and micro-batch counts beside it.
+
+    Every estimate after a change to one micro-batch found 3 calls, but the lock-in wanted 96 of them: the
+    gauge held the old iterations' mean for 46-51 iterations (28-31 s), and the remediator judged its own
+    rebalance on it. The all-reduce that marked each old iteration once marks every new one: now the new
+    period is shown 4-12 iterations after each change (the estimator's own minimum repeats, then a poll).
+    """
+    import json
+
+    from failslow.period.confidence import CONFIDENCE_MIN
+
+    name = f"dp2pp2_rank{rank}_splits"
+    truth = json.loads((DATA / f"{name}.json").read_text())
+    end, mb = np.asarray(truth["iteration_end_s"]), np.asarray(truth["micro_batches"])
+    path, _ = ring_of(name, tmp_path, rank=rank, layout={"tp": 1, "pp": 2, "dp": 2, "cp": 1})
+    reader = RingReader(path, pending_timeout_s=0.0)
+    tk = RankTrack(path, reader, window=20, buffer=8192)
+    recs = reader.read_new()
+    t_end = recs["t_end_ns"] * 1e-9
+    polls: list[tuple[float, int | None, float | None]] = []  # (time, period shown with confidence, gauge)
+    t, i = t_end[0] + every_s, 0
+    while i < len(recs):
+        j = int(np.searchsorted(t_end, t, side="right"))
+        tk.ingest(recs[i:j])
+        i = j
+        sure = tk.confidence >= CONFIDENCE_MIN
+        polls.append((t, tk.period if sure else None, tk.mean_iteration_s if sure else None))
+        t += every_s
+    tk.close()
+    changes = (np.flatnonzero(np.diff(mb)) + 1).tolist()
+    assert len(changes) == 5
+    for n, k in enumerate(changes):
+        old, new = 2 * int(mb[k - 1]) + 1, 2 * int(mb[k]) + 1
+        nxt = changes[n + 1] if n + 1 < len(changes) else len(end) - 2  # (not the job's closing barrier)
+        span = [(tt, p, g) for tt, p, g in polls if end[k - 1] <= tt <= end[nxt - 1]]
+        shown = [p for _, p, _ in span if p is not None]
+        # the old period until the new one, and nothing else (no micro-batch, no multiple, no flapping back)
+        assert [p for x, p in enumerate(shown) if x == 0 or shown[x - 1] != p] in ([old, new], [new]), \
+            (k, old, new, shown)
+        first = next(tt for tt, p, _ in span if p == new)
+        lag = int(np.searchsorted(end, first)) - k
+        assert lag <= 12, (k, old, new, lag)
+        # the gauge at the last poll before the next change: the trainer's mean over its last 20 iterations
+        tt, _, gauge = [x for x in span if x[2] is not None][-1]
+        last = int(np.searchsorted(end, tt)) - 1
+        trainer = float(np.mean(np.diff(end[last - 20:last + 1])))
+        assert gauge is not None and abs(gauge / trainer - 1) < 0.05, (k, gauge, trainer)
