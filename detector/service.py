@@ -197,6 +197,11 @@ class Detector:
         changes = self.engine.step(now, samples, labels, sample_ts) if fresh else []
         for ch in changes:
             self._on_change(ch)
+        if changes:
+            # An event that opened or closed is stored before the culprit analysis below (a few Prometheus
+            # queries, seconds when Prometheus is slow): the verdict is already exported, and a replica that
+            # dies meanwhile must not come back without the event.
+            self._persist(snapshot=False)
         for ev in self.engine.jobs.values():
             if ev.open:
                 self.metrics.ratio.labels(ev.job).set(ev.ratio)

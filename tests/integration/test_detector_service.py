@@ -171,6 +171,30 @@ def test_compute_fault_detected_named_persisted_and_survives_restarts(stack) -> 
     assert stored["open"] is False and stored["closed_ts"] > onset
 
 
+def test_an_opened_event_is_stored_before_its_culprit_analysis_runs(stack, monkeypatch) -> None:
+    """The verdict is exported in the poll that opens the event, and the culprit analysis after it runs a few
+    Prometheus queries (seconds when Prometheus is slow): a replica killed meanwhile must find the event in
+    Redis when it comes back, not open it a second time."""
+    import detector.service as service
+
+    job, _ep, prom, red = stack
+    settings = _settings(prom, red)
+    det = build(settings, CollectorRegistry())
+    _wait_for_samples(det)
+    _poll(det, 15)
+
+    def killed(*_a: object, **_k: object) -> None:
+        raise KeyboardInterrupt  # the replica dies inside the analysis
+
+    monkeypatch.setattr(service, "analyse_job", killed)
+    job.slow_rank = 3
+    with pytest.raises(KeyboardInterrupt):
+        _poll(det, 40)
+    assert _value(det, "failslow_detector_failslow", job="train") == 1.0
+    stored = json.loads(redis_lib.Redis.from_url(red.url).hget(f"{settings.redis_prefix}:events", "train"))
+    assert stored["open"] is True and stored["onset_ts"] == pytest.approx(det.engine.jobs["train"].onset_ts)
+
+
 def test_link_fault_names_the_node_not_the_ranks(stack) -> None:
     job, _ep, prom, red = stack
     det = build(_settings(prom, red), CollectorRegistry())

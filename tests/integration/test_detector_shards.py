@@ -189,8 +189,14 @@ def test_two_replicas_watch_each_job_once_and_a_restart_resumes(shards: Stack) -
                         every=0.1, ignore=UNANSWERED)
         assert sorted({k[0] for k in json.loads(meta)["keys"]}) == sorted(JOBS[i])
     assert rc.get(f"{PREFIX}:snapshot") is None
-    stored = {k.decode(): json.loads(v) for k, v in rc.hgetall(f"{PREFIX}:events").items()}
-    assert all(stored[SLOW[i]]["open"] and stored[SLOW[i]]["events"] == 1 for i in (0, 1))
+
+    def events() -> dict[str, Any] | None:
+        got = {k.decode(): json.loads(v) for k, v in rc.hgetall(f"{PREFIX}:events").items()}
+        return got if all(SLOW[i] in got for i in (0, 1)) else None
+
+    # (the replicas store an event within the poll that opened it; the verdict was exported a moment before)
+    stored = wait_for(events, 10, "both slow jobs' events in Redis", every=0.1)
+    assert all(stored[SLOW[i]]["open"] and stored[SLOW[i]]["events"] == 1 for i in (0, 1)), stored
 
     # Replica 0 dies without saving, from a snapshot taken well into its open event (a restored state with
     # only a few slow samples after the onset would test the core's handling of short slowdowns, not this).
