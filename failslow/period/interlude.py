@@ -80,13 +80,19 @@ def resumed_grid(keys: npt.NDArray[np.int64], base: int, s: int, p: int,
     return np.concatenate((np.arange(resume, s if head == 0 else s + 1, p, dtype=np.int64), [g])), g
 
 
+def _spaced(keys: npt.NDArray[np.int64], marker: npt.NDArray[np.int64], p: int) -> npt.NDArray[np.intp] | None:
+    """Where ``marker`` occurs in ``keys``, if every occurrence follows the one before it by ``p`` calls."""
+    pos = np.flatnonzero((keys == marker).all(axis=1))
+    return pos if bool((np.diff(pos) == p).all()) else None
+
+
 def keeps_marker(keys: npt.NDArray[np.int64], marker: npt.NDArray[np.int64] | None, p: int) -> bool:
     """Whether the collective that marked the iterations before a change (``marker``, its features; None:
     none did) recurs every ``p`` calls over ``keys`` (the calls since the change), at least twice."""
     if marker is None:
         return True
-    pos = np.flatnonzero((keys == marker).all(axis=1))
-    return len(pos) >= 2 and bool((np.diff(pos) == p).all())
+    pos = _spaced(keys, marker, p)
+    return pos is not None and len(pos) >= 2
 
 
 def marker_every(keys: npt.NDArray[np.int64], marker: npt.NDArray[np.int64] | None, p: int, *, repeats: int,
@@ -101,6 +107,6 @@ def marker_every(keys: npt.NDArray[np.int64], marker: npt.NDArray[np.int64] | No
     """
     if marker is None or p < 1:
         return False
-    pos = np.flatnonzero((keys == marker).all(axis=1))
-    return len(pos) >= repeats and int(pos[0]) < max(lead, p) and len(keys) - int(pos[-1]) <= p \
-        and bool((np.diff(pos) == p).all())
+    pos = _spaced(keys, marker, p)
+    return pos is not None and len(pos) >= max(repeats, 1) and int(pos[0]) < max(lead, p) \
+        and len(keys) - int(pos[-1]) <= p
