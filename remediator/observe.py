@@ -12,6 +12,10 @@ Queries (``J`` = the job label):
   ``failslow_iteration_outside_pipeline_compute_seconds{job=J}``, where the exporter tells it;
 * onset: ``max(failslow_detector_onset_timestamp_seconds{job=J})`` and the healthy level the detector
   measures the slowdown against, ``max(failslow_detector_baseline_seconds{job=J})``;
+* iterations since an action: ``quantile(0.5, C - min_over_time(C[Ns]))`` with
+  ``C = failslow_iterations_total{job=J}`` and ``N`` the seconds since the action ended: each rank's
+  iterations counted from its first scrape after the action (a counter that restarted with the job counts
+  from its restart), their median;
 * healthy pace: ``quantile(0.5, quantile_over_time(0.5, failslow_iteration_duration_seconds{job=J}[2m]))``
   evaluated just before the onset (medians: the slow first iterations after a start or a restart, and
   checkpoint spikes, do not lift it as they lift an average); the window is shortened so that it starts after the job's previous event closed
@@ -155,6 +159,14 @@ class Prometheus:
             except (KeyError, ValueError):
                 continue
         return out
+
+    def iterations_since(self, job: str, since: float, now: float) -> float | None:
+        """Iterations the job's ranks (their median) reported between the first scrape after Unix time `since`
+        and `now`: a lower bound on those they finished since then. None when no rank's counter was scraped
+        in that span."""
+        c = f'failslow_iterations_total{{job="{_esc(job)}"}}'
+        span = max(1, math.ceil(now - since))
+        return self.scalar(f"quantile(0.5, {c} - min_over_time({c}[{span}s]))", at=now)
 
     def healthy_pace(self, job: str, onset_ts: float, window_s: float = 120.0) -> float | None:
         """The job's iteration time over the `window_s` seconds (two minutes by default) before `onset_ts`."""

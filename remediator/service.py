@@ -644,7 +644,9 @@ class Remediator:
             capabilities=adapter.capabilities() if adapter is not None else frozenset(),
             ineffective=inef,
             actions_last_hour=await self.store.started_since(job, now - 3600.0),
+            settling=await self._settling(job, actions, pace, now),
         )
+        upd["settling"] = view.settling
         if adapter is not None and info is not None and "topology" in view.capabilities:
             base = _suspects(ev.get("suspects") or []) if suspects is None else suspects
             found = named_suspects(with_slow_ranks(base, upd.get("pace_suspects") or []), info.nodes)
@@ -654,6 +656,31 @@ class Remediator:
                 known_paths=memory.get("slow_paths") or (), healthy_counts=view.default_microbatches,
                 stage_s=floor, overhead_s=None if f0 is None else f0 + (step0 or 0.0)))
         return view, upd, await self._costs(adapter, info), actions, adapter
+
+    async def _settling(self, job: str, actions: list[dict[str, Any]], pace: float | None, now: float) -> str | None:
+        """Why the job's pace does not show its latest action yet (see `JobView.settling`), or None.
+
+        The exporters' readings are means over their last `exporter_window_iterations` iterations: they show an
+        action once that many iterations (and one more, the one it applied in) were reported after it. Counted
+        by the ranks' iteration counters from their first scrape after the action (their median); without a
+        counter, estimated at the current pace. (A cooldown in seconds alone does not scale with the job: at 5 s
+        per iteration and the default 20, a 60 s cooldown would judge readings 40% of which came before it.)
+        """
+        need = self.settings.exporter_window_iterations
+        ended = [float(a["ended_at"]) for a in actions if a.get("ended_at") and not a.get("dry_run")
+                 and a["strategy"] != "validate" and a["state"] in ("succeeded", "failed")]
+        if need <= 0 or not ended or pace is None:
+            return None
+        need += 1
+        since = max(ended)
+        try:
+            n = await asyncio.to_thread(self.prom.iterations_since, job, since, now)
+        except PromUnavailable:
+            n = None
+        if n is not None:
+            return None if n >= need else f"{n:.0f} of {need} iterations reported since the last action"
+        waited, wait = now - since, need * pace
+        return None if waited >= wait else f"{waited:.0f} of ~{wait:.0f} s ({need} iterations) since the last action"
 
     async def _healthy_calibration(self, job: str, onset: float, window: tuple[float, float] | None,
                                    window_pace: float | None, healthy: float, microbatches: list[int] | None
@@ -690,7 +717,8 @@ class Remediator:
                 await self._recover(a, adapter)
             elif (a["state"] == "succeeded" and not a.get("dry_run") and a["strategy"] != "validate"
                   and (a.get("measured") or {}).get("effective") is None and a.get("ended_at")
-                  and now - a["ended_at"] >= policy.cooldown_s and view.pace_s is not None):
+                  and now - a["ended_at"] >= policy.cooldown_s and view.pace_s is not None
+                  and view.settling is None):
                 await self._judge(a, view.pace_s)
         actions = await self.store.get_actions(ev.get("actions") or [])
         if any(a["strategy"] == "validate" and a.get("ended_at") for a in actions):

@@ -100,7 +100,8 @@ class Policy:
     """The planner's knobs (config file ``policy:``; docs/remediator.md).
 
     Attributes:
-        cooldown_s: After an action ends, wait this long before judging its effect or acting again.
+        cooldown_s: After an action ends, wait at least this long before judging its effect or acting again
+            (and until the measured pace shows it: `JobView.settling`).
         max_actions_per_hour: Actions (not dry-run plans, not validations) per job per rolling hour.
         min_gain: Smallest predicted relative speed-up worth an action.
         effective_share: An action is effective when it took back at least this share of the slowdown it
@@ -379,13 +380,16 @@ def decide(event: EventView, job: JobView, costs: Costs, policy: Policy, *, forc
                  if a.ended_at is not None and not a.dry_run and a.strategy != "validate"]
         cooling = bool(ended) and job.now - max(ended) < policy.cooldown_s
         capped = job.actions_last_hour >= policy.max_actions_per_hour
+        settling = bool(ended) and job.settling is not None
         if not event.firing:
-            back = None if cooling or capped else _restore_resolved(job, policy, ineffective)
+            back = None if cooling or settling or capped else _restore_resolved(job, policy, ineffective)
             if back is not None:
                 return Decision("rebalance", back.why, back, (back,))
             return Decision("ignore", "alert resolved: no new action", wait=True)
         if cooling:
             return Decision("ignore", f"cooldown: {policy.cooldown_s - (job.now - max(ended)):.0f} s left", wait=True)
+        if settling:
+            return Decision("ignore", f"settling: {job.settling}", wait=True)
         if capped:
             return Decision("ignore", f"cap: {job.actions_last_hour} actions in the last hour", wait=True)
 

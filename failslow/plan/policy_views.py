@@ -120,6 +120,9 @@ class JobView:
             again).
         actions_last_hour: Actions (not dry-run plans) of the job started in the last hour.
         topology: S3 candidates scored by the topology planner (best first), if any.
+        settling: Why the measured pace does not show the job's latest action yet (the exporters' readings are
+            means over their last iterations, some of them from before it); None: it does. Its effect is not
+            judged and no new action is planned meanwhile.
     """
 
     now: float
@@ -136,3 +139,4 @@ class JobView:
     ineffective: frozenset[str] = frozenset()
     actions_last_hour: int = 0
     topology: tuple[TopologyOption, ...] = ()
+    settling: str | None = None

@@ -1,9 +1,9 @@
 """A real Prometheus scraping synthetic training jobs: the remediator's planner queries it for real.
 
 The series are what the exporter and the detector would expose for a DP×PP job (per-rank iteration and
-compute time with their coordinates, the last-iteration timestamp, the detector's onset and ratio), with
-values the caller sets (tests, and bench/bench_remediator.py), served by a prometheus-client endpoint that
-the shipped Prometheus config scrapes every second.
+compute time with their coordinates, the last-iteration timestamp, the iteration counter, the detector's
+onset and ratio), with values the caller sets (tests, and bench/bench_remediator.py), served by a
+prometheus-client endpoint that the shipped Prometheus config scrapes every second.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import requests
 from prometheus_client import CollectorRegistry, MetricsHandler
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from failslow_cli.stack.processes import free_port, prometheus, render_prometheus
 
@@ -59,6 +59,9 @@ class FakeCluster:
 
     jobs: dict[str, JobSeries] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # each job's iterations so far and when they were counted (its ranks' failslow_iterations_total, at the
+    # pace of the job's series as it changes)
+    counted: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     def collect(self, part: str = "all") -> Iterable[Metric]:
         """The families of `part`: "exporter" (per-rank series), "detector" (its verdict) or "all"."""
@@ -68,6 +71,7 @@ class FakeCluster:
         outside = GaugeMetricFamily("failslow_iteration_outside_pipeline_compute_seconds", "outside",
                                     labels=RANK_LABELS)
         last = GaugeMetricFamily("failslow_last_iteration_timestamp_seconds", "last", labels=RANK_LABELS)
+        total = CounterMetricFamily("failslow_iterations", "iterations", labels=RANK_LABELS)
         onset = GaugeMetricFamily("failslow_detector_onset_timestamp_seconds", "onset", labels=["job"])
         ratio = GaugeMetricFamily("failslow_detector_slowdown_ratio", "ratio", labels=["job"])
         base = GaugeMetricFamily("failslow_detector_baseline_seconds", "baseline", labels=["job"])
@@ -76,6 +80,9 @@ class FakeCluster:
         with self.lock:
             for job, s in self.jobs.items():
                 T = s.iteration_s()
+                n, at = self.counted.get(job, (0.0, now))
+                n += max(0.0, now - at) / T
+                self.counted[job] = (n, now)
                 for r, ((d, p), t) in enumerate(sorted(s.per_mb.items(), key=lambda kv: (kv[0][1], kv[0][0]))):
                     lab = [job, str(r), str(d), str(p), "0", f"n{r}"]
                     it.add_metric(lab, T)
@@ -84,6 +91,7 @@ class FakeCluster:
                     if w is not None:
                         outside.add_metric(lab, w + (t if p == 0 and s.stages > 1 else 0.0))
                     last.add_metric(lab, now - 0.2)
+                    total.add_metric(lab, float(int(n)))
                 flag.add_metric([job], 0.0 if s.onset_ts is None else 1.0)
                 if s.onset_ts is not None:
                     onset.add_metric([job], s.onset_ts)
@@ -94,7 +102,7 @@ class FakeCluster:
                 else:
                     ratio.add_metric([job], 1.0)
         if part in ("exporter", "all"):
-            yield from (it, comp, outside, last)
+            yield from (it, comp, outside, last, total)
         if part in ("detector", "all"):
             yield from (onset, ratio, base, flag, susp)
 

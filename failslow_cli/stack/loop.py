@@ -54,9 +54,9 @@ DEFAULT_FAULT = "cpu:rank=1,quota=0.12"
 # each); at 10 ms the quota binds within one micro-batch's compute and the rank is a device uniformly slower,
 # as a throttled GPU is.
 CPU_PERIOD_US = 10_000
-# The cooldown covers what the exporter needs to show a new split: ~10-18 iterations to lock onto the new
-# period, then its 20-iteration window (about 40 s at 1 s per iteration).
-DEFAULT_POLICY = {"cooldown_s": 45.0, "horizon_min_s": 60.0}
+# The remediator waits after each action until the exporters' readings show it (their iteration counters moved
+# past their 20-iteration window); the cooldown is only the floor in seconds, three scrapes.
+DEFAULT_POLICY = {"cooldown_s": 15.0, "horizon_min_s": 60.0}
 
 
 @dataclass

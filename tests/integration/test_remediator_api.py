@@ -384,6 +384,28 @@ def test_the_planner_rebalances_a_slow_replica_from_real_prometheus_data(tmp_pat
             assert 'failslow_remediator_decision_latency_seconds_count{strategy="rebalance"} 2.0' in metrics
 
 
+def test_an_action_is_judged_once_the_exporters_window_holds_iterations_after_it(tmp_path: Path) -> None:
+    # Readings are means over the exporters' last `exporter_window_iterations` iterations (4 here, so 5 with
+    # the one the split applied in); the job runs 1.35 s iterations and the cooldown is 0.5 s. The split is
+    # judged only once the ranks' iteration counters moved 5 past their first scrape after it: >= 5.4 s
+    # (4 whole iterations) after it ended, not at the cooldown; the planner says why it waits meanwhile.
+    with two_slow_jobs(tmp_path) as env:
+        cfg = {"jobs": [{"match": "llm.*", "adapter": "fake", "options": {"record": str(env.record)}}],
+               "policy": {"cooldown_s": 0.5}}
+        with env.app(mode="auto", config=cfg, exporter_window_iterations=4) as c:
+            c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
+            judged = wait_for(lambda: [a for a in c.get("/actions", headers=AUTH).json() if a["job"] == "llm1"
+                                       and (a.get("measured") or {}).get("judged_at")], 60, "the judgement",
+                              every=0.1)[0]
+            assert judged["strategy"] == "rebalance" and judged["params"]["counts"] == [6, 2]
+            waited = judged["measured"]["judged_at"] - judged["ended_at"]
+            assert 4 * 1.35 <= waited <= 6 * 1.35 + 4.0, waited
+            audit = c.get("/audit", headers=AUTH, params={"job": "llm1"}).json()
+            why = [x["data"]["reason"] for x in audit if x["kind"] == "decision"
+                   and str(x["data"].get("reason", "")).startswith("settling: ")]
+            assert why and why[0].endswith("of 5 iterations reported since the last action"), why
+
+
 def _first_action(tmp: Path, redis_url: str, prom_url: str, counts: list[int], **settings: Any
                   ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Alert on llm1 to an auto remediator (the fake adapter, job split `counts`); its first succeeded action

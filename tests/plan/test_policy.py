@@ -71,6 +71,22 @@ def test_rules_that_make_the_planner_wait(actions, firing, why) -> None:
     assert d.strategy == "ignore" and d.wait and why in d.reason
 
 
+def test_after_the_cooldown_the_planner_waits_until_the_pace_shows_the_last_action() -> None:
+    # the cooldown has passed, but the readings still hold iterations from before the split: no new action,
+    # not even the way back once the alert resolved; with no action ended, a settling note means nothing
+    done = (PastAction("rebalance", "succeeded", ended_at=900.0, effective=None, params={"counts": [5, 3]}),)
+    jv = job(settling="9 of 21 iterations reported since the last action")
+    d = decide(event(actions=done), jv, COSTS, Policy())
+    assert d.strategy == "ignore" and d.wait and d.reason == "settling: 9 of 21 iterations reported since the last action"
+    even, pace = model(slow=1.0, counts=(6, 2))
+    back = job(model=even, pace_s=pace, microbatches=(6, 2), default_microbatches=(4, 4))
+    assert decide(event(actions=done, firing=False), back, COSTS, Policy()).strategy == "rebalance"
+    held = decide(event(actions=done, firing=False), replace(back, settling="3 of 21 iterations"), COSTS, Policy())
+    assert held.strategy == "ignore" and held.reason == "alert resolved: no new action"
+    assert decide(event(), jv, COSTS, Policy()).strategy == "rebalance"
+    assert "settling" not in decide(event(actions=done), replace(jv, settling=None), COSTS, Policy()).reason
+
+
 def test_dry_run_plans_and_validation_do_not_block_or_cool_down() -> None:
     # a dry-run plan is not in flight, and after validation there is nothing to wait for
     d = decide(event(actions=(PastAction("topology", "planned", dry_run=True),
