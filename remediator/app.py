@@ -20,9 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import logging
 import os
 import urllib.parse
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import ValidationError
+from starlette.types import Receive, Scope, Send
 
 from failslow.plan.policy import ACTION_STATES
 from remediator.page import render_login, render_status
@@ -39,6 +41,9 @@ from remediator.settings import Settings
 from remediator.store import Unavailable
 
 COOKIE = "failslow_remediator_token"
+ALERTS_PATH = "/api/v1/alerts"
+
+log = logging.getLogger("failslow.remediator")
 
 
 class TokenFile:
@@ -113,8 +118,8 @@ def _unavailable(exc: Exception) -> JSONResponse:
                         headers={"Retry-After": "5"})
 
 
-def create_app(svc: Remediator, settings: Settings, token: TokenFile, *, run_planner: bool = True) -> FastAPI:
-    """The FastAPI application around one remediator (the planner loop runs for the app's lifetime)."""
+def create_app(svc: Remediator, settings: Settings, token: TokenFile, *, run_planner: bool = True) -> WebhookFirst:
+    """The application around one remediator (the planner loop runs for the app's lifetime)."""
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -134,7 +139,7 @@ def create_app(svc: Remediator, settings: Settings, token: TokenFile, *, run_pla
     def can_read(request: Request) -> bool:
         return settings.open_reads or token.check(_supplied(request))
 
-    @app.post("/api/v1/alerts")
+    @app.post(ALERTS_PATH)
     async def alerts(request: Request) -> Response:
         if not token.check(_supplied(request)):
             svc.metrics.deliveries.labels("unauthorized").inc()
@@ -308,7 +313,35 @@ def create_app(svc: Remediator, settings: Settings, token: TokenFile, *, run_pla
         resp.set_cookie(COOKIE, supplied, httponly=True, samesite="strict")
         return resp
 
-    return app
+    return WebhookFirst(app, alerts)
+
+
+class WebhookFirst:
+    """The ASGI application: ``POST /api/v1/alerts`` straight to its handler, everything else to FastAPI.
+
+    The webhook is the hot path (every repeat of every firing group, from each Alertmanager of an HA pair);
+    FastAPI's routing, dependency solving and middleware around the same handler cost 0.23 ms of CPU a request
+    (a bare FastAPI echo against a bare ASGI one, 0.55 against 0.32 ms). The handler is the route FastAPI also
+    serves (and documents); other methods and paths, and lifespan, are FastAPI's.
+
+    Attributes:
+        api: The FastAPI application (its routes, ``/docs``, the lifespan that runs the planner).
+    """
+
+    def __init__(self, api: FastAPI, alerts: Callable[[Request], Awaitable[Response]]) -> None:
+        self.api = api
+        self._alerts = alerts
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] != ALERTS_PATH:
+            await self.api(scope, receive, send)
+            return
+        try:
+            response = await self._alerts(Request(scope, receive))
+        except Exception:
+            log.exception("webhook delivery failed")
+            response = JSONResponse({"detail": "internal error"}, status_code=500)
+        await response(scope, receive, send)
 
 
 def _errors(exc: ValidationError) -> list[dict[str, Any]]:
@@ -321,5 +354,5 @@ def _event_summary(d: dict[str, Any]) -> dict[str, Any]:
     keep = ("id", "job", "state", "onset", "suspects", "level", "firing", "opened_at", "resolved_at", "closed_at",
             "close_reason", "pace_s", "healthy_s", "ratio", "lost_s", "spent_s", "actions", "last_decision",
             "manual", "adapter", "info", "validated", "labels", "overhead_s", "healthy_stage_s", "healthy_step_s",
-            "compute_window_s", "compute_changed_ranks", "pace_suspects")
+            "compute_window_s", "compute_changed_ranks", "pace_suspects", "settling")
     return {k: d.get(k) for k in keep}

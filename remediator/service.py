@@ -382,12 +382,14 @@ class Remediator:
         events: list[str] = []
         try:
             for job, alerts in by_job.items():
-                eid = new_id("ev")
+                ids: list[str] = []  # the id a new event would take, made once a delivery holds a new alert
 
                 def apply(ev: dict[str, Any] | None, fresh: list[int], seen: dict[str, dict[str, Any]],
-                          alerts: list[Alert] = alerts, eid: str = eid,
+                          alerts: list[Alert] = alerts, ids: list[str] = ids,
                           ) -> tuple[dict[str, Any] | None, list[str], dict[str, dict[str, Any]]]:
-                    return apply_alerts(ev, [alerts[i] for i in fresh], seen, now, eid)
+                    if not ids:
+                        ids.append(new_id("ev"))
+                    return apply_alerts(ev, [alerts[i] for i in fresh], seen, now, ids[0])
 
                 audit = {"status": note.status, "receiver": note.receiver, "group_key": note.group_key,
                          "truncated_alerts": note.truncated_alerts,

@@ -255,6 +255,28 @@ def test_redis_away_is_a_503_and_the_retry_is_stored(tmp_path: Path) -> None:
         c.__exit__(None, None, None)
 
 
+def test_the_webhook_is_served_before_fastapi_and_everything_else_by_it(env: Env, monkeypatch) -> None:
+    # POST /api/v1/alerts goes straight to its handler (the hot path); other methods and paths are FastAPI's,
+    # which still documents the route; a handler that fails answers 500 (Alertmanager retries) and says so
+    s = Settings(redis_url=env.redis_url, token_file=str(env.token), prometheus_url=env.prom_url, mode="dry-run",
+                 tick_s=0.3, replica="r1", lock_lease_s=3.0)
+    svc = build_service(s, parse_config({"jobs": []}))
+    with TestClient(create_app(svc, s, TokenFile(env.token))) as c:
+        assert c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH).json()["outcome"] == "accepted"
+        assert c.get("/api/v1/alerts", headers=AUTH).status_code == 405
+        assert c.post("/api/v1/alerts/", content=body("llm1", FIRING), headers=AUTH,
+                      follow_redirects=False).status_code == 307
+        assert "/api/v1/alerts" in c.get("/openapi.json").json()["paths"]
+        assert c.get("/healthz").status_code == 200
+
+        async def broken(note: Any) -> dict[str, Any]:
+            raise RuntimeError("boom")
+
+        monkeypatch.setattr(svc, "ingest", broken)
+        resp = c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH)
+        assert resp.status_code == 500 and resp.json() == {"detail": "internal error"}
+
+
 def test_manual_remediate_plans_acts_once_and_retries_safely(env: Env) -> None:
     with env.app(mode="auto", config={"jobs": [{"match": "llm.*", "adapter": "fake",
                                                 "options": {"record": str(env.record), "delay_s": 2.0}}],
