@@ -669,12 +669,15 @@ class Remediator:
         per iteration and the default 20, a 60 s cooldown would judge readings 40% of which came before it.)
         """
         need = self.settings.exporter_window_iterations
-        ended = [float(a["ended_at"]) for a in actions if a.get("ended_at") and not a.get("dry_run")
-                 and a["strategy"] != "validate" and a["state"] in ("succeeded", "failed")]
-        if need <= 0 or not ended or pace is None:
+        ran = [a for a in actions if a.get("ended_at") and not a.get("dry_run") and a["strategy"] != "validate"
+               and a["state"] in ("succeeded", "failed")]
+        if need <= 0 or not ran or pace is None:
             return None
+        last = max(ran, key=lambda a: float(a["ended_at"]))
+        if (last.get("measured") or {}).get("judged_at"):
+            return None  # judged: it settled first
         need += 1
-        since = max(ended)
+        since = float(last["ended_at"])
         try:
             n = await asyncio.to_thread(self.prom.iterations_since, job, since, now)
         except PromUnavailable:
