@@ -8,8 +8,9 @@ One :class:`Remediator` per process. Its parts and who calls them:
 * :meth:`Remediator.run` — the planner loop: every ``tick_s`` (and at once when woken) it takes each job
   with an open event under the job's lock (one replica plans a job at a time), reads the job's pace from
   Prometheus and its shape from its adapter, accrues the slowdown since onset, recovers actions whose
-  replica died, judges finished actions after the cooldown, closes the event when the alert resolved and
-  the pace is confirmed back, and asks :func:`failslow.plan.policy.decide` what to do.
+  replica died, judges finished actions once the cooldown passed and the readings show them, closes the
+  event when the alert resolved and the pace is confirmed back, and asks :func:`failslow.plan.policy.decide`
+  what to do.
 * :meth:`Remediator.remediate`, :meth:`approve`, :meth:`reject` — the manual API.
 * actions run in worker threads (adapter calls block); a running action holds a liveness lease in Redis
   that its replica renews, so a replica killed mid-action is noticed and its action recovered through the

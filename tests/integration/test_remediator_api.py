@@ -49,10 +49,13 @@ class Env:
         self.record = tmp / "executed.jsonl"
         self.r = redis.Redis.from_url(redis_url)
 
+    def settings(self, *, mode: str = "auto", replica: str = "r1", **kw: Any) -> Settings:
+        return Settings(redis_url=self.redis_url, token_file=str(self.token), prometheus_url=self.prom_url,
+                        mode=mode, tick_s=0.3, replica=replica, lock_lease_s=3.0, **kw)
+
     def app(self, *, mode: str = "auto", replica: str = "r1", config: dict[str, Any] | None = None,
             **kw: Any) -> TestClient:
-        s = Settings(redis_url=self.redis_url, token_file=str(self.token), prometheus_url=self.prom_url, mode=mode,
-                     tick_s=0.3, replica=replica, lock_lease_s=3.0, **kw)
+        s = self.settings(mode=mode, replica=replica, **kw)
         cfg = parse_config(config or {"jobs": [{"match": "llm.*", "adapter": "fake",
                                                 "options": {"record": str(self.record)}}]})
         return TestClient(create_app(build_service(s, cfg), s, TokenFile(self.token)))
@@ -258,8 +261,7 @@ def test_redis_away_is_a_503_and_the_retry_is_stored(tmp_path: Path) -> None:
 def test_the_webhook_is_served_before_fastapi_and_everything_else_by_it(env: Env, monkeypatch) -> None:
     # POST /api/v1/alerts goes straight to its handler (the hot path); other methods and paths are FastAPI's,
     # which still documents the route; a handler that fails answers 500 (Alertmanager retries) and says so
-    s = Settings(redis_url=env.redis_url, token_file=str(env.token), prometheus_url=env.prom_url, mode="dry-run",
-                 tick_s=0.3, replica="r1", lock_lease_s=3.0)
+    s = env.settings(mode="dry-run")
     svc = build_service(s, parse_config({"jobs": []}))
     with TestClient(create_app(svc, s, TokenFile(env.token))) as c:
         assert c.post("/api/v1/alerts", content=body("llm1", FIRING), headers=AUTH).json()["outcome"] == "accepted"
