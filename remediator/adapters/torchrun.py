@@ -47,7 +47,13 @@ The same lines tell what a restart costs this job before the remediator has made
 worker group after another in the progress files' last MiB (an elastic restart after a failure, a
 membership change, an earlier action) is a pause, from the old group's last line to the new group's first,
 plus the steps recomputed at the old group's pace. :meth:`Adapter.info` gives the planner the median of
-the latest five as ``JobInfo.costs["restart"]``; with none seen it gives no estimate.
+the latest five as ``JobInfo.costs["restart"]``. With none seen, it gives the job's own start-up where the
+agents are local (``pid_file``): from the start of the latest agent process that ran the first worker group
+to that group's first progress line (the head of the progress files), as the testbed adapter does. That is
+the part of a restart the job has already shown: the rendezvous and the workers' start (in the
+integration test 10.6 s of start-up, and the restart after it paused 11.4 s), without the steps
+recomputed since the last checkpoint. Without local agents, or when the first group's lines or agents are
+gone, there is no estimate.
 
 Options (templates take ``{job}``, the job's labels, and the fields named):
 
@@ -110,6 +116,7 @@ _KNOWN_OPTIONS = frozenset({
     "spare_grace_s", "poll_interval_s",
 })
 _TAIL_BYTES = 1 << 20
+_HEAD_BYTES = 64 << 10  # where the first worker group's first lines are looked for
 RESTARTS_KEPT = 5  # the expected cost of a restart is the median of the job's latest restarts, this many
 _RECOVER_BYTES = 64 << 20
 _MARK = "\x00node\x00"
@@ -211,6 +218,20 @@ class _ProgressFiles:
             recs, used = parse_progress(data, self._keys, self._clock())
             out.extend(recs)
             self._offsets[path] = size - (len(data) - used)
+        return out
+
+    def head(self) -> list[ProgressRecord]:
+        """Records in the first ``_HEAD_BYTES`` of each file (complete lines only); offsets are left alone."""
+        out: list[ProgressRecord] = []
+        for path in self._paths():
+            try:
+                with open(path, "rb") as f:
+                    data = f.read(_HEAD_BYTES)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                raise AdapterError(f"cannot read progress file {path}: {exc}", transient=True) from None
+            out.extend(parse_progress(data, self._keys, self._clock())[0])
         return out
 
     def read_new(self, limit: int | None = None) -> list[ProgressRecord]:
@@ -384,6 +405,33 @@ def past_restarts(records: Iterable[ProgressRecord]) -> list[PastRestart]:
     return out
 
 
+def first_start_s(records: Iterable[ProgressRecord], agent_started: Mapping[str, float]) -> float | None:
+    """Pure: the job's start-up, from the latest start of the agents that ran its first worker group to that
+    group's first progress line (None when the lines or agents cannot tell it).
+
+    Args:
+        records: Progress lines from the head of the progress files (the first worker group's first lines).
+        agent_started: Unix start time of each node's live agent.
+
+    The first group is the attempt of the earliest line. It is the agents' first start only when its lines
+    say restart 0 (where they carry a restart count) and every node of it still runs the agent that started
+    before its first line: an agent that was replaced since, or lines from after a restart or a truncated
+    file, give no estimate rather than one from the wrong start.
+    """
+    recs = sorted(records, key=lambda r: r.time)
+    if not recs:
+        return None
+    group = [r for r in recs if r.attempt == recs[0].attempt]
+    if any(r.restart not in (None, 0) for r in group):
+        return None
+    nodes = {r.node for r in group}
+    if None in nodes or not nodes <= set(agent_started):
+        return None
+    first = group[0].time
+    started = max(agent_started[n] for n in nodes)  # type: ignore[index]
+    return first - started if first > started else None
+
+
 def _step_s(records: list[ProgressRecord]) -> float | None:
     """Median over ranks of one group's seconds per step (a rank's first to last line)."""
     per_rank: dict[int | None, list[ProgressRecord]] = {}
@@ -419,6 +467,18 @@ def _proc_alive(pid: int) -> bool:
     # "pid (comm) S ...": comm may itself hold spaces and parentheses.
     state = stat.rsplit(")", 1)[-1].split()[0]
     return state not in ("Z", "X")
+
+
+def _started_at(pid: int) -> float | None:
+    """Unix time the process `pid` started (from /proc, to the clock tick); None when it cannot be read."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        now = time.time()
+        ticks = int(fields[19])  # field 22 of stat, counted from the state (field 3)
+    except (OSError, ValueError, IndexError):
+        return None
+    return now - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def _cmdline(pid: int) -> str:
@@ -617,7 +677,8 @@ class Adapter:
 
     def info(self) -> JobInfo:
         """Nodes with live agents (or as configured), free spares, the latest start's placement and step, and
-        the expected cost of a restart from the ones the progress lines show (module docstring).
+        the expected cost of a restart from the ones the progress lines show, else from the job's start-up
+        (``extra["startup_s"]``; module docstring).
 
         Raises:
             AdapterError: the progress or pid files cannot be read.
@@ -644,6 +705,11 @@ class Adapter:
             extra.update(last_step=latest.max_step, world=latest.world, restarts=latest.restarts)
         history = past_restarts(records)[-RESTARTS_KEPT:]
         costs = {"restart": statistics.median(h.cost_s for h in history)} if history else {}
+        if not history and prog is not None and agents:
+            started = {n: t for n, pid in agents.items() if (t := _started_at(pid)) is not None}
+            startup = first_start_s(prog.head(), started)
+            if startup is not None:
+                costs["restart"] = extra["startup_s"] = startup
         return JobInfo(layout=layout, placement=placement, nodes=nodes,
                        spare_nodes=[s for s in self._spares if s not in nodes and s not in agents],
                        costs=costs, extra=extra)

@@ -32,6 +32,7 @@ from remediator.adapters.base import ActionOutcome, ActionRequest, AdapterError,
 from remediator.adapters.torchrun import (
     RESTARTS_KEPT,
     Adapter,
+    first_start_s,
     parse_progress,
     past_restarts,
     summarise,
@@ -66,6 +67,7 @@ class Cluster:
         (run_dir / "agents").mkdir(parents=True)
         (run_dir / "logs").mkdir()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.started: dict[str, float] = {}
 
     def agent_argv(self, host: bool) -> list[str]:
         return [str(TORCHRUN), "--nnodes=1:3", "--nproc-per-node=1", "--rdzv-backend=c10d",
@@ -81,6 +83,7 @@ class Cluster:
     def start(self, node: str, host: bool) -> None:
         # Only n1 hosts the c10d store (is_host): the agents excluded later must not take it with them.
         with open(self.run_dir / "logs" / f"{node}.log", "wb") as log:
+            self.started[node] = time.time()
             p = subprocess.Popen(self.agent_argv(host), stdin=subprocess.DEVNULL, stdout=log,
                                  stderr=subprocess.STDOUT, start_new_session=True,
                                  env={**os.environ, **AGENT_ENV, "FAILSLOW_NODE": node})
@@ -238,6 +241,13 @@ def test_restart_excluding_a_node_onto_a_spare_then_without_one(cluster: Cluster
     info = adapter.info()
     assert info.nodes == ["n1", "n2"] and info.spare_nodes == ["n3"], info
     assert info.placement is not None and sorted(info.placement) == [0, 1], info
+    # No restart yet: a restart is expected to cost the job's own start-up, from the agents' start to the
+    # first worker group's first line.
+    lines = c.progress()
+    assert not [r for r in lines if r["attempt"] != lines[0]["attempt"]], c.report()
+    startup = min(r["time"] for r in lines) - max(c.started.values())
+    assert info.costs == {"restart": pytest.approx(startup, abs=0.25)}, (info, startup)
+    assert info.extra["startup_s"] == info.costs["restart"], info
     pids = {n: c.pid(n) for n in ("n1", "n2")}
 
     # Refusals: a node the job does not have, the store host, another strategy. Nothing is touched.
@@ -264,6 +274,8 @@ def test_restart_excluding_a_node_onto_a_spare_then_without_one(cluster: Cluster
     before = c.progress()
     out1 = _run(adapter, "act-1", exclude_ranks=[rank_of_n2])
     f1 = _check_restart(c, before, "act-1", out1, "n2", {"n1", "n3"}, restart_of_n1=1)
+    print(f"start-up {info.costs['restart']:.1f} s before it; the restart paused {out1.pause_s:.1f} s")
+    assert out1.pause_s is not None and 1 / 3 < info.costs["restart"] / out1.pause_s < 3, (info, out1)
     ack = json.loads((c.run_dir / "checkpoint-now.ack").read_text())
     assert ack["id"] == "act-1" and out1.result["checkpoint_step"] == ack["step"], (ack, out1)
     # The job resumed from the checkpoint it was asked for (or a later periodic one), so only the steps
@@ -383,6 +395,44 @@ def test_progress_summary_adds_up_every_restart_after_the_stop() -> None:
     assert not summarise(recs[:1], ["1.0"], 16, 100.0).resumed
     bare, _ = parse_progress(b'{"step": 3}\n', keys, seen_at=42.0)
     assert bare[0].time == 42.0 and bare[0].attempt is None
+
+
+def test_without_a_restart_seen_a_restart_is_expected_to_cost_the_jobs_start_up(tmp_path: Path) -> None:
+    keys = {k: k for k in ("step", "attempt", "node", "rank", "world", "restart", "time")}
+
+    def recs(*lines: bytes) -> list[Any]:
+        return parse_progress(b"".join(lines), keys, 0)[0]
+
+    first = [_line(1, 1.0, "n1", 112.0), _line(1, 1.0, "n2", 112.3, rank=1), _line(2, 1.0, "n1", 112.5)]
+    # from the later of the two agents' starts to the group's first line, whatever order the lines came in
+    assert first_start_s(recs(*reversed(first)), {"n1": 100.0, "n2": 101.0}) == pytest.approx(11.0)
+    # an agent of the first group gone or replaced since (started after its first line): no estimate
+    assert first_start_s(recs(*first), {"n1": 100.0}) is None
+    assert first_start_s(recs(*first), {"n1": 100.0, "n2": 130.0}) is None
+    # the earliest lines are not the agents' first start (a restart count, e.g. a truncated file): none
+    assert first_start_s(recs(_line(11, 2.0, "n1", 112.0, restart=1)), {"n1": 100.0}) is None
+    assert first_start_s([], {"n1": 100.0}) is None
+
+    # The adapter reads the agents' start from /proc (a stand-in agent process here) and the head of the files.
+    agent = subprocess.Popen(["sleep", "60"])
+    try:
+        (tmp_path / "n1.pid").write_text(f"{agent.pid}\n")
+        adapter = Adapter(JOB, {}, {"pid_file": str(tmp_path / "{node}.pid"), "pid_match": ["sleep"],
+                                    "progress_file": str(tmp_path / "progress.jsonl")})
+        assert adapter.info().costs == {}  # no lines yet
+        t0 = time.time()
+        (tmp_path / "progress.jsonl").write_bytes(_line(1, 1.0, "n1", t0 + 4.0) + _line(2, 1.0, "n1", t0 + 4.5))
+        info = adapter.info()
+        assert info.costs == {"restart": pytest.approx(4.0, abs=0.2)}, info
+        assert info.extra["startup_s"] == info.costs["restart"], info
+        # once a restart shows in the lines, what it cost is the estimate
+        with (tmp_path / "progress.jsonl").open("ab") as out:
+            out.write(_line(2, 2.0, "n1", t0 + 10.5, restart=1) + _line(3, 2.0, "n1", t0 + 11.0, restart=1))
+        assert adapter.info().costs == {"restart": pytest.approx(6.0 + 1 * 0.5)}
+        assert "startup_s" not in adapter.info().extra
+    finally:
+        agent.kill()
+        agent.wait()
 
 
 def test_past_restarts_cost_their_pause_and_the_steps_recomputed(tmp_path: Path) -> None:
