@@ -56,12 +56,20 @@ class DetectorMetrics:
                 with contextlib.suppress(KeyError):
                     g.remove(job)
         want = {(s["kind"], s["rank"], s["node"]): float(s["confidence"]) for s in suspects} if is_open else {}
-        for key in self._suspects.get(job, set()) - set(want):
-            with contextlib.suppress(KeyError):
-                self.suspect.remove(job, *key)
+        before = self._suspects.get(job, set())
+        if is_open:
+            # One no longer named reads 0 until the event closes rather than vanishing: the alert rules read the
+            # last sample of each series over a minute (riding out a failed scrape of this process), and a
+            # removed series' last sample would name it for that minute more.
+            for key in before - set(want):
+                self.suspect.labels(job, *key).set(0.0)
+        else:
+            for key in before:
+                with contextlib.suppress(KeyError):
+                    self.suspect.remove(job, *key)
         for key, conf in want.items():
             self.suspect.labels(job, *key).set(conf)
-        self._suspects[job] = set(want)
+        self._suspects[job] = (before | set(want)) if is_open else set()
 
     def drop_job(self, job: str) -> None:
         """Remove every series of a job that is gone (fail-slow, ratio, onset, baseline, suspects, events)."""

@@ -104,7 +104,8 @@ CATALOGUE: tuple[Metric, ...] = (
            "Unix time of the first slow iteration of the open event.", ("job",), "detector"),
     Metric("failslow_detector_suspect", "gauge",
            "Confidence (0-1) that a rank (kind=compute) or a node's link (kind=link) causes the open event; "
-           "at most a few per job, removed when the event closes.", ("job", "kind", "rank", "node"), "detector"),
+           "0 for one named earlier in the event and not any more; at most a few per job, removed when the event "
+           "closes.", ("job", "kind", "rank", "node"), "detector"),
     Metric("failslow_detector_events_total", "counter", "Fail-slow events the detector opened for the job.",
            ("job",), "detector"),
     Metric("failslow_detector_up", "gauge", "1 while the detector process runs.", (), "detector"),
