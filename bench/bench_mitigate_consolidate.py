@@ -54,8 +54,10 @@ def run() -> str:
 
     lines = ["Command: `.venv/bin/python -m bench mitigate_consolidate` (one run per row, rows one after another).",
              "", *HEADER, *(line(n, actions(r)) for n, r in rows), "",
-             "A row ends 50 s after the topology action, 120 s after a split when nothing else is in flight, or after 600 s. FALCON reports that consolidating the "
-             "stragglers before S2 keeps the slowdown reduction of a single slow replica as stragglers spread."]
+             "A row ends 50 s after the topology action, 120 s after a split when nothing else is in flight, or after 600 s. "
+             "One slowed stage is the single slow DP replica of the `mitigate` section (Fig. 13 rows, S2 alone). "
+             "FALCON reports that consolidating the stragglers before S2 keeps the slowdown reduction of a single slow "
+             "replica as stragglers spread."]
     return "\n".join(lines) + "\n"
 
 
