@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
@@ -43,8 +44,12 @@ class DetectorMetrics:
         self._suspects: dict[str, set[tuple[str, str, str]]] = {}
 
     def show_job(self, job: str, is_open: bool, ratio: float, onset_ts: float, baseline: float,
-                 suspects: list[dict[str, Any]]) -> None:
-        """Export one job's event state; suspect series of a closed event are removed (bounded)."""
+                 suspects: list[dict[str, Any]], named: Sequence[Sequence[str]] = ()) -> None:
+        """Export one job's event state; suspect series of a closed event are removed (bounded).
+
+        `named`: every ``(kind, rank, node)`` named earlier in the open event (``JobEvent.named``, which
+        survives a restart of the detector); those not in `suspects` now read 0.
+        """
         self.failslow.labels(job).set(1 if is_open else 0)
         self.ratio.labels(job).set(ratio if is_open else 1.0)
         if is_open:
@@ -56,7 +61,7 @@ class DetectorMetrics:
                 with contextlib.suppress(KeyError):
                     g.remove(job)
         want = {(s["kind"], s["rank"], s["node"]): float(s["confidence"]) for s in suspects} if is_open else {}
-        before = self._suspects.get(job, set())
+        before = self._suspects.get(job, set()) | ({(k, r, n) for k, r, n in named} if is_open else set())
         if is_open:
             # One no longer named reads 0 until the event closes rather than vanishing: the alert rules read the
             # last sample of each series over a minute (riding out a failed scrape of this process), and a

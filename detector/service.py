@@ -113,7 +113,7 @@ class Detector:
 
     def _show(self, ev: JobEvent) -> None:
         self._shown.add(ev.job)
-        self.metrics.show_job(ev.job, ev.open, ev.ratio, ev.onset_ts, ev.baseline, ev.suspects)
+        self.metrics.show_job(ev.job, ev.open, ev.ratio, ev.onset_ts, ev.baseline, ev.suspects, ev.named)
 
     # ------------------------------------------------------------------ one poll
     def _samples(self, now: float) -> tuple[dict[Key, float], dict[Key, dict[str, str]], float | None]:
@@ -294,6 +294,8 @@ class Detector:
             analysis, names = done
             ev.suspects = suspects(analysis, names, self.settings.max_suspects,
                                    {r: lab.get("node", "") for r, lab in ranks.items()})
+            ev.named = [*ev.named, *([s["kind"], s["rank"], s["node"]] for s in ev.suspects
+                                     if [s["kind"], s["rank"], s["node"]] not in ev.named)]
             self._culprit_due[job] = self.settings.culprit_every
             self._dirty.add(job)
             self._show(ev)

@@ -45,6 +45,8 @@ class JobEvent:
         ratio: The job's level over ``baseline`` (1.0 when closed).
         peak: Highest ``ratio`` of the open event (1.0 when closed).
         suspects: Culprit suspects, filled in by the caller (emptied when the event opens or closes).
+        named: Every suspect named in the open event so far, as ``[kind, rank, node]`` (filled in and
+            emptied as ``suspects``): what the exported suspects keep at 0 once no longer named.
         events: Events opened so far.
     """
 
@@ -57,6 +59,7 @@ class JobEvent:
     ratio: float = 1.0
     peak: float = 1.0
     suspects: list[dict[str, Any]] = field(default_factory=list)
+    named: list[list[str]] = field(default_factory=list)
     events: int = 0
 
     def to_json(self) -> dict[str, Any]:
@@ -140,7 +143,7 @@ def job_events_step(events: MutableMapping[str, JobEvent], jobs: Sequence[str], 
             base = baseline[sl][slow] if baseline is not None else np.zeros(0)
             base = base[np.isfinite(base) & (base > 0)]
             ev.baseline = float(np.median(base)) if base.size else (level / ratio if ratio > 0 else level)
-            ev.suspects = []
+            ev.suspects, ev.named = [], []
             ev.events += 1
             changes.append(JobChange(OPENED, ev))
             continue
@@ -156,7 +159,7 @@ def job_events_step(events: MutableMapping[str, JobEvent], jobs: Sequence[str], 
             ev.open = False
             ev.closed_ts = ts
             ev.ratio = ev.peak = 1.0
-            ev.suspects = []
+            ev.suspects, ev.named = [], []
             changes.append(JobChange(CLOSED, ev))
         elif abs(ratio - ev.ratio) > 1e-9:
             ev.ratio = ratio

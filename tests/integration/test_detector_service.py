@@ -23,6 +23,7 @@ from detector.metrics import DetectorMetrics
 from detector.prom import PromClient
 from detector.service import Detector, build
 from detector.settings import Settings
+from failslow.detect.jobs import JobEvent
 from failslow_cli.stack.processes import Service
 from tests.integration.detector_stack import (
     Endpoint,
@@ -117,6 +118,7 @@ def test_compute_fault_detected_named_persisted_and_survives_restarts(stack) -> 
           d.engine.jobs["train"].suspects[0]["rank"] == "3")
     ev = det.engine.jobs["train"]
     assert [(s["kind"], s["rank"]) for s in ev.suspects] == [("compute", "3")], ev.suspects
+    assert ev.named == [["compute", "3", "node3"]], ev.named
     assert _value(det, "failslow_detector_suspect", job="train", kind="compute", rank="3", node="node3") > 0.5
     stored = json.loads(redis_lib.Redis.from_url(red.url).hget(f"{settings.redis_prefix}:events", "train"))
     assert stored["open"] is True and stored["onset_ts"] == pytest.approx(onset)
@@ -138,6 +140,7 @@ def test_compute_fault_detected_named_persisted_and_survives_restarts(stack) -> 
     assert _value(det2, "failslow_detector_onset_timestamp_seconds", job="train") == pytest.approx(onset)
     assert _value(det2, "failslow_detector_baseline_seconds", job="train") == pytest.approx(baseline)
     assert _value(det2, "failslow_detector_events_total", job="train") is None  # nothing opened anew
+    assert det2.engine.jobs["train"].named == [["compute", "3", "node3"]]  # what the zeroed suspects come from
     assert det2.engine.jobs["train"].events == 1
 
     # Prometheus restarts: polls fail and say so, then resume on the same data.
@@ -435,6 +438,15 @@ def test_metrics_bounded_suspect_series() -> None:
     out = generate_latest(m.registry).decode()
     assert 'failslow_detector_suspect{job="j",kind="compute",node="n",rank="1"} 0.9' in out
     assert 'failslow_detector_suspect{job="j",kind="compute",node="n",rank="0"} 0.0' in out
+    # A restarted detector has only the stored event: what it named earlier (JobEvent.named) reads 0 again.
+    ev = JobEvent.from_json(json.loads(json.dumps(JobEvent("j", open=True, suspects=sus[1:2], named=[
+        ["compute", str(r), "n"] for r in range(3)]).to_json())))
+    fresh = DetectorMetrics(CollectorRegistry())
+    fresh.show_job("j", True, 1.5, 100.0, 0.4, ev.suspects, ev.named)
+    out = generate_latest(fresh.registry).decode()
+    assert out.count("failslow_detector_suspect{") == 3, out
+    for r, v in (("0", "0.0"), ("1", "0.9"), ("2", "0.0")):
+        assert f'failslow_detector_suspect{{job="j",kind="compute",node="n",rank="{r}"}} {v}' in out, out
     assert 'failslow_detector_baseline_seconds{job="j"} 0.4' in out
     m.show_job("j", False, 1.0, 0.0, 0.0, [])
     out = generate_latest(m.registry).decode()
