@@ -86,6 +86,7 @@ class PeriodTracker:
     _last_quick: int = 0
     _est_len: int = 0
     _suspect: int | None = None
+    _partial: int = 0  # calls between the collectives while the period in force is a fraction of the iteration
     _cand: int | None = None  # period of the last estimate on this stretch (lock-in needs two alike)
     _seg_origin: bool = True  # the current stretch starts at the stream's origin
     _grid: tuple[int, int] | None = None  # (boundary, period) of the grid before a pattern change
@@ -202,7 +203,14 @@ class PeriodTracker:
                 ref = self._keys[lo - self._base - self._period: self._end() - self._base - self._period]
                 bad = np.flatnonzero((cur != ref).any(axis=1))
                 if len(bad) >= max(2, (self._end() - lo) // 50):
-                    changed |= self._restart(lo + int(bad[0]))
+                    if self._fraction_of_iteration(lo, lo + int(bad[0])):
+                        # Not a new pattern: the period in force is a fraction of the iteration (see
+                        # `_fraction_of_iteration`), and a restart would lock the same fraction in again on the
+                        # next alike calls. The stretch grows until the whole iteration repeats; the period in
+                        # force is not shown meanwhile.
+                        self._shown_conf = min(self._shown_conf, 0.5 * CONFIDENCE_MIN)
+                    else:
+                        changed |= self._restart(lo + int(bad[0]))
         if self._shown is not None and self._shown_conf >= CONFIDENCE_MIN and self._recent \
                 and self._end() - self._seg <= DOUBT_MAX_CALLS:
             # A gap far longer than the iterations shown, in a young stretch: maybe the first gap between the
@@ -288,6 +296,34 @@ class PeriodTracker:
         self._estimate()
         return True
 
+    def _fraction_of_iteration(self, lo: int, first_bad: int) -> bool:
+        """Whether the period in force is a fraction of the iteration: the stream makes a collective every S calls
+        (the last three S apart, S longer than the period, the latest among the calls checked now) and the
+        period holds none. A stage of many alike micro-batches (a Send/Recv pair each) otherwise locks in one
+        micro-batch: each iteration's gradient all-reduce breaks the pattern, the stretch restarts after it and
+        the next micro-batches lock it in again, so the stretch never holds the repeats the whole iteration
+        needs. Once found, it holds while the collectives keep coming (within 2 S calls), until a period is
+        locked in or the stretch restarts. A one-off collective (a barrier) is no evidence.
+        """
+        p = self._period
+        if p is None:
+            return False
+        idx = np.flatnonzero(self._sync) + self._base
+        if self._partial:
+            if len(idx) and self._end() - int(idx[-1]) <= 2 * self._partial:
+                return True
+            self._partial = 0
+            return False
+        if len(idx) < 3 or int(idx[-1]) < lo:
+            return False
+        gaps = np.diff(idx[-3:])
+        spacing = int(gaps[-1])
+        before = first_bad - self._base
+        if not (gaps == spacing).all() or spacing <= p or before < p or self._sync[before - p:before].any():
+            return False
+        self._partial = spacing
+        return True
+
     def _restart(self, at: int, *, grid: bool = True) -> bool:
         """Start a new stationary stretch at call ``at`` (absolute); returns whether a period was lost.
 
@@ -314,7 +350,7 @@ class PeriodTracker:
         self._seg = max(at, self._base)
         self._seg_origin = False
         self._period, self._conf, self._last_b, self._next_try = None, 0.0, None, 0
-        self._cand = None
+        self._cand, self._partial = None, 0
         return was
 
     def _estimate(self, *, trusted: bool = False) -> bool:
@@ -343,7 +379,9 @@ class PeriodTracker:
             self._cand = p
             self._next_try = self._end() + max(p, len(t) // 3)
             return False
-        if p == self._shown:
+        if p == self._shown and p == self._period and self._partial:
+            pass  # a fraction of the iteration (`_fraction_of_iteration`): its own repeats do not vouch for it
+        elif p == self._shown:
             if p == self._period:  # not while a change is re-estimated on a short stretch
                 self._shown_conf = est.confidence
                 if est.confidence < CONFIDENCE_MIN and len(t) > 4 * self.min_repeats * p:
@@ -389,6 +427,7 @@ class PeriodTracker:
         if self._shown is not None and self._shown != p and self._shown_conf < CONFIDENCE_MIN:
             self._recent.clear()  # iterations of a period not trusted must not enter the new one's mean
         self._period, self._conf, self._shown, self._shown_conf = p, est.confidence, p, est.confidence
+        self._partial = 0
         anchor = self._phase_anchor(p, est, sym)
         # Never report an iteration twice, nor one that left the buffer. On an unchanged grid this
         # lands exactly on the first unreported boundary: reporting goes on without a gap.
