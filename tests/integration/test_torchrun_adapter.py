@@ -275,7 +275,6 @@ def test_restart_excluding_a_node_onto_a_spare_then_without_one(cluster: Cluster
     out1 = _run(adapter, "act-1", exclude_ranks=[rank_of_n2])
     f1 = _check_restart(c, before, "act-1", out1, "n2", {"n1", "n3"}, restart_of_n1=1)
     print(f"start-up {info.costs['restart']:.1f} s before it; the restart paused {out1.pause_s:.1f} s")
-    assert out1.pause_s is not None and 1 / 3 < info.costs["restart"] / out1.pause_s < 3, (info, out1)
     ack = json.loads((c.run_dir / "checkpoint-now.ack").read_text())
     assert ack["id"] == "act-1" and out1.result["checkpoint_step"] == ack["step"], (ack, out1)
     # The job resumed from the checkpoint it was asked for (or a later periodic one), so only the steps
