@@ -424,11 +424,11 @@ def first_start_s(records: Iterable[ProgressRecord], agent_started: Mapping[str,
     group = [r for r in recs if r.attempt == recs[0].attempt]
     if any(r.restart not in (None, 0) for r in group):
         return None
-    nodes = {r.node for r in group}
-    if None in nodes or not nodes <= set(agent_started):
-        return None
+    nodes = {r.node for r in group if r.node is not None}
+    if len(nodes) < len({r.node for r in group}) or not nodes <= set(agent_started):
+        return None  # a line without its node, or a node whose agent is gone
     first = group[0].time
-    started = max(agent_started[n] for n in nodes)  # type: ignore[index]
+    started = max(agent_started[n] for n in nodes)
     return first - started if first > started else None
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 import requests
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import MetricsHandler
 
 from detector.metrics import DetectorMetrics
 from failslow_cli.stack.processes import free_port, prometheus, render_prometheus
@@ -38,17 +39,12 @@ class StandInDetector:
         self.down = False
         outer = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(MetricsHandler.factory(self.metrics.registry)):
             def do_GET(self) -> None:
                 if outer.down:
                     self.send_error(503, "restarting")
-                    return
-                body = generate_latest(outer.metrics.registry)
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE_LATEST)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
+                else:
+                    super().do_GET()
 
             def log_message(self, *args: Any) -> None:
                 pass
