@@ -43,13 +43,17 @@ CRED_EXPIRE_S = 5  # the test cluster's: a requeued job waits 6 s before it may 
 
 SCRIPT = """#!/bin/bash
 # A stand-in training job: resume from the checkpoint, one line per step (step restart nodes time).
+# A step is saved and logged by shell builtins, and a TERM (Slurm's stop) waits for the step to finish:
+# a stop between the two writes would otherwise log a step its checkpoint does not hold.
 dir={dir}
+stop=
+trap 'stop=1' TERM
 step=$(cat "$dir/ckpt" 2>/dev/null || echo 0)
-while true; do
+while [ -z "$stop" ]; do
   step=$((step + 1))
-  echo "$step ${{SLURM_RESTART_COUNT:-0}} $SLURM_JOB_NODELIST $(date +%s.%N)" >> "$dir/progress"
-  echo "$step" > "$dir/ckpt.tmp" && mv "$dir/ckpt.tmp" "$dir/ckpt"
-  sleep 0.2
+  echo "$step" > "$dir/ckpt"
+  echo "$step ${{SLURM_RESTART_COUNT:-0}} $SLURM_JOB_NODELIST $EPOCHREALTIME" >> "$dir/progress"
+  sleep 0.2 & wait $!
 done
 """
 
