@@ -95,6 +95,7 @@ class PeriodTracker:
     _mark_end: bool = True  # mark iterations by the end of their last call (else the start of the first)
     _shown: int | None = None  # the period reported: the last one locked in, kept while re-estimating
     _out: tuple[list[float], list[float]] | None = field(default=None, repr=False)
+    _window_from: int | None = field(default=None, repr=False)  # see PeriodVerdict.window_from
 
     def __post_init__(self) -> None:
         if self.buffer < 16 or self.window < 1 or self.min_repeats < 2 or self.refresh < 1:
@@ -156,6 +157,7 @@ class PeriodTracker:
         emitted_s: list[float] = []
         emitted_t: list[float] = []
         self._out = (emitted_s, emitted_t)
+        self._window_from = None
         changed = False
         if len(t) == 0:
             return self._verdict(changed, emitted_s, emitted_t)
@@ -257,6 +259,7 @@ class PeriodTracker:
         emitted_s: list[float] = []
         emitted_t: list[float] = []
         self._out = (emitted_s, emitted_t)
+        self._window_from = None
         changed = False
         if self._cand is not None and self._cand != self._period:
             changed = self._estimate(trusted=True)
@@ -426,6 +429,7 @@ class PeriodTracker:
         self._cand = p
         if self._shown is not None and self._shown != p and self._shown_conf < CONFIDENCE_MIN:
             self._recent.clear()  # iterations of a period not trusted must not enter the new one's mean
+            self._window_from = 0 if self._out is None else len(self._out[0])
         self._period, self._conf, self._shown, self._shown_conf = p, est.confidence, p, est.confidence
         self._partial = 0
         anchor = self._phase_anchor(p, est, sym)
@@ -546,4 +550,5 @@ class PeriodTracker:
             iteration_s=np.asarray(s, dtype=np.float64), iteration_end_t=np.asarray(t, dtype=np.float64),
             iterations_total=self._total,
             mean_iteration_s=float(np.mean(self._recent)) if self._recent else None,
-            last_iteration_end_t=self._last_end, confidence=self._shown_conf if self._shown is not None else 0.0)
+            last_iteration_end_t=self._last_end, confidence=self._shown_conf if self._shown is not None else 0.0,
+            window_from=self._window_from)

@@ -23,6 +23,10 @@ class PeriodVerdict:
         confidence: Confidence in ``period`` (0 when none), from the latest estimate of it on the current
             stretch; cut below `CONFIDENCE_MIN` when the gap split finds whole iterations of another length.
             Below `CONFIDENCE_MIN` the period and its iteration times are not to be shown.
+        window_from: Where the window of `mean_iteration_s` restarted in this update: the index of the first of
+            `iteration_s` it holds (those before it were iterations of a period never shown, such as one
+            micro-batch taken for the iteration); ``None`` when it did not restart. A caller that keeps its own
+            per-iteration window restarts it there too.
     """
 
     period: int | None
@@ -33,3 +37,4 @@ class PeriodVerdict:
     mean_iteration_s: float | None
     last_iteration_end_t: float | None
     confidence: float
+    window_from: int | None = None

@@ -352,3 +352,32 @@ def test_the_period_follows_each_split_change_within_a_few_iterations(tmp_path: 
         last = int(np.searchsorted(end, tt)) - 1
         trainer = float(np.mean(np.diff(end[last - 20:last + 1])))
         assert gauge is not None and abs(gauge / trainer - 1) < 0.05, (k, gauge, trainer)
+
+
+def test_a_stage_of_many_micro_batches_reads_whole_iterations_from_its_first_shown_reading(tmp_path: Path) -> None:
+    """Stage 0 of a DP x PP2 job with 64 micro-batches per replica (129 calls an iteration). Before three
+    all-reduces show their spacing, the tracker follows one micro-batch's 2 calls without showing them and
+    emits those as iterations (it may show them at first, see
+    tests/period/test_tracker.py). The compute readings are means over the window of `split`: on the testbed it
+    still held them when the whole iteration was first shown, and the stage's compute read 0.02 s, 0.25 s,
+    0.48 s, ... 1.49 s over the next 20 iterations (35 s). Each reading shown is of whole iterations now."""
+    from failslow.period.confidence import CONFIDENCE_MIN
+
+    steps, tail = ps.pp_1f1b(0, 2, 64, dp_allreduce=True)
+    tr = ps.generate([(steps, tail)], [40], seed=5, jitter=0.01)
+    path = _write(tmp_path, tr)
+    reader = RingReader(path, pending_timeout_s=0.0)
+    tk = RankTrack(path, reader, window=20, buffer=8192)
+    recs = reader.read_new()
+    truth = float(np.median(tr.iter_end - tr.iter_start))
+    shown = []
+    for i in range(0, len(recs), 40):
+        tk.ingest(recs[i:i + 40])
+        if tk.confidence >= CONFIDENCE_MIN and tk.split:
+            arr = np.asarray(tk.split)
+            shown.append((tk.period, float(arr[:, 0].mean())))
+    tk.close()
+    whole = [d for p, d in shown if p == 129]
+    assert len(whole) >= 20 and shown[-1][0] == 129
+    # every reading shown with the whole iteration is the mean of whole iterations (the first of them included)
+    assert all(abs(d / truth - 1) < 0.05 for d in whole), (truth, whole[:3])
