@@ -148,13 +148,17 @@ class Prometheus:
         obs.detector_baseline_s = self.scalar(f"max(failslow_detector_baseline_seconds{{{sel}}})")
         return obs
 
-    def ranks(self, job: str, at: float | None = None, window_s: float | None = None) -> list[RankSample]:
+    def ranks(self, job: str, at: float | None = None, window_s: float | None = None,
+              median: bool = False) -> list[RankSample]:
         """Every rank's compute time per iteration now (or at Unix time `at`), with its coordinates and its
         compute outside the pipeline where the exporter tells it; with `window_s`, each rank's mean reading over
-        that many seconds (whole seconds, at least 1) before."""
+        that many seconds (whole seconds, at least 1) before, or with `median` its median reading there (a few
+        readings unlike the rest do not move it)."""
+        over = "quantile_over_time(0.5, " if median else "avg_over_time("
+
         def expr(metric: str) -> str:
             e = f'{metric}{{job="{_esc(job)}"}}'
-            return e if window_s is None else f"avg_over_time({e}[{max(1, int(window_s))}s])"
+            return e if window_s is None else f"{over}{e}[{max(1, int(window_s))}s])"
 
         outside = {}
         for labels, value in self.query(expr("failslow_iteration_outside_pipeline_compute_seconds"), at):

@@ -693,16 +693,17 @@ class Remediator:
                                    ) -> tuple[float, tuple[float, ...], float] | None:
         """The pace model's fixed part ``F``, each stage's time per micro-batch (the floor of its cells) and
         the replicas' once-per-iteration work (:func:`healthy_step`; 0 where the exporter does not tell it),
-        measured on the healthy job before the onset: each rank's readings and the pace over `window`, the
-        ``(end, seconds)`` the healthy pace is measured in (:func:`healthy_window`; `window_pace`: the pace
+        measured on the healthy job before the onset: each rank's median reading and the pace over `window`,
+        the ``(end, seconds)`` the healthy pace is measured in (:func:`healthy_window`; `window_pace`: the pace
         already read there, None to read it), as a single reading is the exporter's mean over its last
-        iterations and swings; else the readings 5 s before the onset and `healthy` (None: no data)."""
+        iterations and swings, and a median is not moved by a few readings unlike the rest (the job's first
+        iterations); else the readings 5 s before the onset and `healthy` (None: no data)."""
         if not microbatches:
             return None
         try:
             samples, pace = [], None
             if window is not None:
-                samples = await asyncio.to_thread(self.prom.ranks, job, window[0], window[1])
+                samples = await asyncio.to_thread(self.prom.ranks, job, window[0], window[1], True)
                 pace = window_pace if window_pace is not None else \
                     await asyncio.to_thread(self.prom.healthy_pace, job, *window)
             if not samples or pace is None:

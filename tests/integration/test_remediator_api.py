@@ -469,6 +469,29 @@ def test_replicas_left_waiting_by_the_straggler_are_priced_at_their_healthy_spee
         assert act["predicted"]["model_counts"] == [8, 8]
 
 
+def test_the_healthy_calibration_is_not_moved_by_the_exporters_first_readings(tmp_path: Path) -> None:
+    # The first readings of a job can be unlike the rest (an exporter once read part of the iteration for 20
+    # of them). Here: 3 s of readings an eighth of the healthy job's (0.10 s per micro-batch, 8 each, F
+    # 0.05 s), then 12 s healthy, then replica 1 2x slower. The calibration window holds all of them: each
+    # rank's median there is the healthy 0.10 s, so F stays 0.05 s and [11, 5] is priced 0.05 + 11 * 0.10 s
+    # (their mean, 0.068 s, left F at 0.30 s).
+    with redis_server(tmp_path / "redis", free_port(), persist=True) as r, \
+            fake_cluster_prometheus(tmp_path / "prom") as (prom_url, cluster):
+        cluster.set("llm1", JobSeries({(0, 0): 0.10 / 8, (1, 0): 0.10 / 8}, [8, 8], healthy_s=0.85))
+        wait_for_series(prom_url, "llm1")
+        time.sleep(3.0)
+        cluster.set("llm1", JobSeries({(0, 0): 0.10, (1, 0): 0.10}, [8, 8], healthy_s=0.85))
+        time.sleep(12.0)
+        onset = time.time()
+        cluster.set("llm1", JobSeries({(0, 0): 0.10, (1, 0): 0.20}, [8, 8], onset_ts=onset, healthy_s=0.85))
+        time.sleep(3.0)  # the fault scraped
+        act, ev = _first_action(tmp_path, r.url, prom_url, [8, 8])
+        assert ev["healthy_stage_s"] == [pytest.approx(0.10)]
+        assert ev["overhead_s"] == pytest.approx(0.05)
+        assert act["strategy"] == "rebalance" and act["params"]["counts"] == [11, 5]
+        assert act["predicted"]["pace_s"] == pytest.approx(0.05 + 11 * 0.10)
+
+
 def test_the_work_outside_the_pipeline_stays_with_its_replica_whatever_its_split(tmp_path: Path) -> None:
     # DP2xPP2, 4 micro-batches a replica at 0.10 s each and a 0.05 s optimizer step on every rank, exposed as
     # the compute outside the pipeline (a first stage's with one micro-batch in it). The fault slows replica
