@@ -225,8 +225,9 @@ def run() -> str:
              "mean of its ranks' times); the action cost is "
              "the adapter call's duration (a split applies at an iteration boundary: no pause); the prediction is "
              "the pace model's, made before each action, against the pace after it until the next action; the best split is what S2 could reach at most "
-             "(`best_split`: the slowed stage exactly device / quota times slower, the pipeline's 1F1B time). "
-             "FALCON reports 55.3-82.9% for S2 on one slow replica."]
+             "(`best_split`: the slowed stage exactly device / quota times slower, the pipeline's 1F1B time); "
+             "the weak DP2xPP2 case at 64 micro-batches per replica, where its bound is 56%, is the "
+             "`mitigate_fine` section. FALCON reports 55.3-82.9% for S2 on one slow replica."]
     return "\n".join(lines) + "\n"
 
 
