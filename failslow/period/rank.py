@@ -182,13 +182,15 @@ class RankTrack:
         if v.last_iteration_end_t is not None:
             wall_ns = self._base_ns + v.last_iteration_end_t * 1e9 + self.header.clock_offset_ns
             self.last_end_unix_s = wall_ns * 1e-9
+        keep = 0
         if v.window_from is not None:
             # the tracker's mean restarted: iterations of a period never shown (one micro-batch of a stage
             # with many) must not hold the compute readings down for a window of real ones either
             self.split.clear()
             self.outside.clear()
+            keep = v.window_from
         for k, (d, end) in enumerate(zip(v.iteration_s, v.iteration_end_t, strict=True)):
-            if v.window_from is None or k >= v.window_from:
+            if k >= keep:
                 self.split.append((float(d), self._comm_time(end - d, end)))
                 self.outside.append(self._outside_pipeline(end - d, end))
             if self.history is not None:

@@ -357,10 +357,10 @@ def test_the_period_follows_each_split_change_within_a_few_iterations(tmp_path: 
 def test_a_stage_of_many_micro_batches_reads_whole_iterations_from_its_first_shown_reading(tmp_path: Path) -> None:
     """Stage 0 of a DP x PP2 job with 64 micro-batches per replica (129 calls an iteration). Before three
     all-reduces show their spacing, the tracker follows one micro-batch's 2 calls without showing them and
-    emits those as iterations (it may show them at first, see
-    tests/period/test_tracker.py). The compute readings are means over the window of `split`: on the testbed it
-    still held them when the whole iteration was first shown, and the stage's compute read 0.02 s, 0.25 s,
-    0.48 s, ... 1.49 s over the next 20 iterations (35 s). Each reading shown is of whole iterations now."""
+    emits those as iterations (it may show them at first, see tests/period/test_tracker.py). The compute
+    readings are means over the window of `split`: on the testbed it still held them when the whole iteration
+    was first shown, and the stage's compute read 0.02 s, 0.25 s, 0.48 s, ... 1.49 s over the next 20
+    iterations (35 s). Each reading shown is of whole iterations now."""
     from failslow.period.confidence import CONFIDENCE_MIN
 
     steps, tail = ps.pp_1f1b(0, 2, 64, dp_allreduce=True)
