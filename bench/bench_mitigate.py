@@ -62,11 +62,19 @@ def _acts(s: Any) -> list[dict[str, Any]]:
                    and a["strategy"] != "validate"), key=lambda a: a["created_at"])
 
 
-def _stop(s: Any) -> bool:
-    acts = [a for a in _acts(s) if a.get("ended_at")]
-    if acts:
-        return time.time() > min(float(a["ended_at"]) for a in acts) + AFTER_S
-    return s.fault_start is not None and time.time() > s.fault_start + QUIET_S
+def stop_after(after_s: float = AFTER_S) -> Any:
+    """A row's stop condition: `after_s` after its first action finished, or `QUIET_S` after the fault
+    without one."""
+    def stop(s: Any) -> bool:
+        acts = [a for a in _acts(s) if a.get("ended_at")]
+        if acts:
+            return time.time() > min(float(a["ended_at"]) for a in acts) + after_s
+        return s.fault_start is not None and time.time() > s.fault_start + QUIET_S
+
+    return stop
+
+
+_stop = stop_after()
 
 
 def row(dp: int, pp: int, faults: list[str], *, device: float = DEVICE, stop: Any = _stop, max_s: float = 480.0,
