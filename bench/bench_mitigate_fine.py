@@ -23,7 +23,17 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
-from bench.bench_mitigate import DEVICE, S2_HEADER, SETTLE_S, SEVERITY, best_split, row, s2_line, stop_after
+from bench.bench_mitigate import (
+    DEVICE,
+    S2_HEADER,
+    SETTLE_S,
+    SEVERITY,
+    best_split,
+    prediction,
+    row,
+    s2_line,
+    stop_after,
+)
 
 TITLE = "Mitigation on the testbed: S2 at 64 micro-batches per replica (FALCON Fig. 13, weak fault)"
 MICRO_BATCHES, MICRO_BATCH_SIZE = 64, 1
@@ -67,6 +77,8 @@ def run() -> str:
                                   f"mean healthy {mean['healthy']:.3f} s, mean fail-slow {mean['slow']:.3f} s, "
                                   f"mean mitigated {mean['mitigated']:.3f} s: **{pooled:.0%}** of the mean slowdown "
                                   f"reduced ({len(full)} of {len(runs)} runs)."), "",
+             "Each run's prediction / error, in the order they ran: " + "; ".join(prediction(r) for r in runs) + ".",
+             "",
              "The cells are those of the median run (by slowdown reduced; the last column lists every run's, in the "
              "order they ran), measured as in the `mitigate` section except that the mitigated pace is the median "
              f"from {SETTLE_S:g} s to {SETTLE_S + MITIGATED_S:g} s after the action. A reduction above 100% is a mitigated pace "
