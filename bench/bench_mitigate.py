@@ -186,9 +186,15 @@ def best_split(dp: int, pp: int, slowed: Sequence[int], factor: float, per_repli
 
 def _unreduced(r: dict[str, Any]) -> str:
     """Why a run has no reduction to show."""
+    s = r["res"].state
     if r.get("first") is None:
-        return "no action" if r["res"].state.event is not None else "no alert"
+        if s.event is None:
+            return "no alert" if s.fault_start is None else f"no alert in {r['end'] - s.fault_start:.0f} s"
+        return "no action"
     h, sl, m = r.get("healthy"), r.get("slow"), r.get("mitigated")
+    if sl is None and s.fault_start is not None:
+        # the fail-slow pace runs from 20 s after the fault to the first action
+        return f"first action {float(r['first']['started_at']) - s.fault_start:+.0f} s from the fault"
     if not (h and sl and m):
         return "pace not measured"
     return f"not slower than healthy ({sl:.3f} vs {h:.3f} s)"
