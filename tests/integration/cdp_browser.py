@@ -239,9 +239,18 @@ class Chromium:
         return res["result"].get("value")
 
     def dom(self) -> str:
-        """The serialised document, as ``chromium --dump-dom`` prints it."""
-        root = self.call("DOM.getDocument", depth=-1)["root"]
-        return str(self.call("DOM.getOuterHTML", nodeId=root["nodeId"])["outerHTML"])
+        """The serialised document, as ``chromium --dump-dom`` prints it.
+
+        Read in one call: the status page refreshes itself (every 10 s), and a document replaced between
+        ``DOM.getDocument`` and ``DOM.getOuterHTML`` leaves the second a node that is gone. A document the
+        refresh has just committed has no element yet: it is read once it has loaded.
+        """
+        for _ in range(3):
+            html = self.evaluate("document.documentElement && document.documentElement.outerHTML")
+            if html:
+                return str(html)
+            self.wait_event("Page.loadEventFired")  # a refresh committed a document not parsed yet
+        raise CDPError("the page kept replacing its document before it was parsed")
 
     def box(self, selector: str) -> tuple[float, float, float, float]:
         """(left, top, width, height) of the first element matching `selector`, in page pixels."""
