@@ -35,7 +35,7 @@ after it (from `SETTLE_S` after it until the next action, or the row's end).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -62,7 +62,7 @@ def _acts(s: Any) -> list[dict[str, Any]]:
                    and a["strategy"] != "validate"), key=lambda a: a["created_at"])
 
 
-def stop_after(after_s: float = AFTER_S) -> Any:
+def stop_after(after_s: float = AFTER_S) -> Callable[[Any], bool]:
     """A row's stop condition: `after_s` after its first action finished, or `QUIET_S` after the fault
     without one."""
     def stop(s: Any) -> bool:

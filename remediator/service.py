@@ -703,8 +703,7 @@ class Remediator:
         try:
             samples, pace = [], None
             if window is not None:
-                samples = await asyncio.to_thread(self.prom.ranks, job, window[0], window[1],
-                                                  median=True)
+                samples = await asyncio.to_thread(self.prom.ranks, job, window[0], window[1], median=True)
                 pace = window_pace if window_pace is not None else \
                     await asyncio.to_thread(self.prom.healthy_pace, job, *window)
             if not samples or pace is None:
