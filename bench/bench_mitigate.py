@@ -9,6 +9,7 @@ model, exact S2 solver, ski-rental gate) and acts. Each row ends 50 s after the 
 Each Fig. 13 case runs `REPEATS` times (the cases in turns) and its row shows the median run beside every
 run's reduction: on this shared host the same case varies between runs, by tens of points for the weak
 faults, whose slowdown is close to the host's own drift.
+Set ``FAILSLOW_BENCH_KEEP`` to a directory to keep every row's files there (`row`).
 
 * Fig. 13 — one slow rank (so one slow DP replica), weak / medium / severe: quota 0.3 / 0.2 / 0.12 CPU on
   a device of 0.4 (1.3x / 2x / 3.3x slower compute), on DP2xPP2 and DP4xPP1 (4 ranks each: the most this
@@ -34,8 +35,11 @@ after it (from `SETTLE_S` after it until the next action, or the row's end).
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from collections.abc import Callable, Sequence
+from contextlib import ExitStack
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -54,6 +58,7 @@ REPEATS = 3  # runs of each Fig. 13 case, taken in turns so that a drift of the 
 SETTLE_S = 25.0  # after the action, before the mitigated pace is measured
 AFTER_S = 50.0  # the row ends this long after the first action finished
 QUIET_S = 200.0  # a row without any action ends this long after the fault
+KEEP_ENV = "FAILSLOW_BENCH_KEEP"  # a directory: every row keeps its loop's files there (see `row`)
 
 
 def _acts(s: Any) -> list[dict[str, Any]]:
@@ -77,18 +82,42 @@ def stop_after(after_s: float = AFTER_S) -> Callable[[Any], bool]:
 _stop = stop_after()
 
 
+def _record(d: Path, res: Any) -> None:
+    """Write what a loop saw next to its services' data: ``record.json`` (the trainer's iterations, the
+    remediator's events, actions and audit, the fault's times) and each process's log."""
+    s = res.state
+    (d / "record.json").write_text(json.dumps({
+        "job": s.job, "t0": s.t0, "fault": res.fault_spec, "fault_start": s.fault_start, "fault_end": s.fault_end,
+        "iterations": [{"t": i.t, "it": i.it, "dt": i.dt} for i in s.iterations], "events": s.events,
+        "actions": s.actions, "audit": res.audit, "notes": s.notes, "settings": res.settings}, default=str))
+    for name, text in res.logs.items():
+        (d / f"{name}.out").write_text(text)
+
+
 def row(dp: int, pp: int, faults: list[str], *, device: float = DEVICE, stop: Any = _stop, max_s: float = 480.0,
         **loop: Any) -> dict[str, Any]:
     """One closed loop with `faults` on a DPxPP job; the paces and actions of its mitigation.
 
     ``slow`` is measured from 20 s after the first fault to the first action, ``mitigated`` from `SETTLE_S`
     after the first action ended to the end; ``res`` keeps the loop's result for rows that look further.
+
+    With ``FAILSLOW_BENCH_KEEP`` set to a directory, the loop runs in a new directory under it (named by the
+    time and the layout) that stays after the row: Prometheus's data, the services' files, the logs and
+    ``record.json`` (:func:`_record`), to look into a run afterwards.
     """
     from failslow_cli.stack.loop import run_loop
 
-    with TemporaryDirectory(prefix="bench-mitigate-") as d:
-        res = run_loop(Path(d), dp=dp, pp=pp, fault=faults, device_speed=device, fault_s=600.0, max_s=max_s,
+    keep = os.environ.get(KEEP_ENV)
+    with ExitStack() as stack:
+        if keep:
+            d = Path(keep) / f"{time.strftime('%Y%m%dT%H%M%S')}-dp{dp}pp{pp}"
+            d.mkdir(parents=True)
+        else:
+            d = Path(stack.enter_context(TemporaryDirectory(prefix="bench-mitigate-")))
+        res = run_loop(d, dp=dp, pp=pp, fault=faults, device_speed=device, fault_s=600.0, max_s=max_s,
                        stop_when=stop, **loop)
+        if keep:
+            _record(d, res)
     s = res.state
     acts = _acts(s)
     first = next((a for a in acts if a.get("started_at")), None)
