@@ -39,7 +39,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Sequence
-from contextlib import ExitStack
+from contextlib import nullcontext
 from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
@@ -83,15 +83,15 @@ _stop = stop_after()
 
 
 def _record(d: Path, res: Any) -> None:
-    """Write what a loop saw next to its services' data: ``record.json`` (the trainer's iterations, the
-    remediator's events, actions and audit, the fault's times) and each process's log."""
+    """Write what a loop saw next to its services' data and logs (which the loop keeps there already):
+    ``record.json`` (the trainer's iterations, the remediator's events, actions and audit, the fault's times)
+    and ``testbed.out``, the trainer's output, which the loop holds only in memory."""
     s = res.state
     (d / "record.json").write_text(json.dumps({
         "job": s.job, "t0": s.t0, "fault": res.fault_spec, "fault_start": s.fault_start, "fault_end": s.fault_end,
         "iterations": [{"t": i.t, "it": i.it, "dt": i.dt} for i in s.iterations], "events": s.events,
         "actions": s.actions, "audit": res.audit, "notes": s.notes, "settings": res.settings}, default=str))
-    for name, text in res.logs.items():
-        (d / f"{name}.out").write_text(text)
+    (d / "testbed.out").write_text(res.logs.get("testbed", ""))
 
 
 def row(dp: int, pp: int, faults: list[str], *, device: float = DEVICE, stop: Any = _stop, max_s: float = 480.0,
@@ -108,16 +108,14 @@ def row(dp: int, pp: int, faults: list[str], *, device: float = DEVICE, stop: An
     from failslow_cli.stack.loop import run_loop
 
     keep = os.environ.get(KEEP_ENV)
-    with ExitStack() as stack:
-        if keep:
-            d = Path(keep) / f"{time.strftime('%Y%m%dT%H%M%S')}-dp{dp}pp{pp}"
-            d.mkdir(parents=True)
-        else:
-            d = Path(stack.enter_context(TemporaryDirectory(prefix="bench-mitigate-")))
-        res = run_loop(d, dp=dp, pp=pp, fault=faults, device_speed=device, fault_s=600.0, max_s=max_s,
+    if keep:
+        kept = Path(keep) / f"{time.strftime('%Y%m%dT%H%M%S')}-dp{dp}pp{pp}"
+        kept.mkdir(parents=True)
+    with nullcontext(str(kept)) if keep else TemporaryDirectory(prefix="bench-mitigate-") as d:
+        res = run_loop(Path(d), dp=dp, pp=pp, fault=faults, device_speed=device, fault_s=600.0, max_s=max_s,
                        stop_when=stop, **loop)
         if keep:
-            _record(d, res)
+            _record(Path(d), res)
     s = res.state
     acts = _acts(s)
     first = next((a for a in acts if a.get("started_at")), None)
